@@ -1,0 +1,513 @@
+"""Rotary position embeddings (RoPE) over any number of axes.
+
+One rotation serves 1D sequences, 2D images and 3D video. Every channel pair ``p`` of a head turns by an angle
+``coords · F[:, p]``, where ``coords`` are a token's coordinates (one per grid axis) and ``F`` is an
+``(axes, dim // 2)`` frequency matrix:
+
+* **axial** (Su et al. 2021; Heo et al., "Rotary Position Embedding for Vision Transformer", ECCV 2024): the
+  channels are cut into one even section per axis and each section only sees its own axis, with the ladder
+  ``f_j = theta ** (-2j / d_a)`` for a section of ``d_a`` channels (``j < d_a / 2``). Sections are laid out from
+  the *last* grid axis to the first: in 2D the first half of the channels turns with x (the column), the
+  second half with y (the row); in 3D ``(t, h, w)`` the order is ``[w | h | t]``. ``axis_dims`` is given in grid
+  axis order, like ``grid`` and ``positions``. Channels no section takes stay unrotated (at the end).
+* **mixed** (RoPE-Mixed, Heo et al. ECCV 2024): ``F`` is a learnable dense matrix per head (and per layer when
+  ``depth`` is given), so a pair can turn with any direction in the plane.
+
+Coordinates are integer patch indices by default, or patch centres normalised to [-1, 1] per axis (DINOv3,
+Siméoni et al. 2025, which multiplies them by 2π). Extrapolation to grids larger than ``ref_grid`` can use
+position interpolation (Chen et al. 2023), NTK-aware scaling (bloc97, 2023) or YaRN (Peng et al. 2023), with
+per-axis scale factors as in FiT (Lu et al. 2024, arXiv 2402.12376).
+
+Tables are computed in float64 and stored in float32 (float64 for float64 inputs), also under autocast, cached
+per grid/device/dtype, and applied in a single pass over q and k where possible.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["RotaryEmbedding", "RotaryTable", "apply_rotary"]
+
+Layout = Literal["interleaved", "half"]
+Coords = Literal["index", "normalized"]
+Scaling = Literal["none", "pi", "ntk", "yarn"]
+SCALING_MODES: tuple[str, ...] = ("none", "pi", "ntk", "yarn")
+_CACHE_SIZE = 16
+
+
+def _tracing() -> bool:
+    """True while torch.compile, torch.export, ONNX export or TorchScript/FX tracing sees the code."""
+    return (
+        torch.compiler.is_compiling()
+        or torch.compiler.is_exporting()
+        or torch.jit.is_tracing()
+        or torch.jit.is_scripting()
+    )
+
+
+@dataclass
+class RotaryTable:
+    """Per-pair cos/sin of shape ``(..., N, dim // 2)``, for ``layout``; leading dims are (layer,) head."""
+
+    cos: Tensor
+    sin: Tensor
+    layout: Layout = "interleaved"
+    _cis: Tensor | None = None
+
+    @property
+    def cis(self) -> Tensor:
+        """``cos + i·sin`` for the eager fast path; built once per table, never while tracing."""
+        if self._cis is None:
+            self._cis = torch.complex(self.cos, self.sin)
+        return self._cis
+
+    def layer(self, index: int) -> RotaryTable:
+        """The table of one layer of a per-layer (mixed-frequency) table."""
+        cis = None if self._cis is None else self._cis.select(-4, index)
+        return RotaryTable(self.cos.select(-4, index), self.sin.select(-4, index), self.layout, cis)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.cos.shape[-2]
+
+
+def apply_rotary(x: Tensor, table: RotaryTable, inverse: bool = False) -> Tensor:
+    """Rotate ``x (..., N, dim)`` by ``table`` (``inverse=True`` turns back: Rᵀ).
+
+    The table broadcasts against x's leading dims, so q and k stacked as ``(2, B, heads, N, dim)`` turn in one
+    pass. The result has x's dtype; the arithmetic runs in the table's precision (float32 at least).
+    """
+    if x.shape[-1] != 2 * table.cos.shape[-1]:
+        raise ValueError(
+            f"the last dim of x is {x.shape[-1]} but the rotary table was built for dim={2 * table.cos.shape[-1]}; "
+            "build the RotaryEmbedding with dim equal to the head dim of x"
+        )
+    if x.shape[-2] != table.num_tokens:
+        raise ValueError(
+            f"x has {x.shape[-2]} tokens but the rotary table has {table.num_tokens}; the grid (plus prefix tokens) "
+            "must match the sequence length of x"
+        )
+    if table.layout == "interleaved" and x.dtype == table.cos.dtype and _complex_viewable(x) and not _tracing():
+        # Eager fast path: one complex multiply reads x once and writes the result once.
+        cis = table.cis.conj() if inverse else table.cis
+        z = torch.view_as_complex(x.unflatten(-1, (-1, 2)))
+        return torch.view_as_real(z * cis).flatten(-2)
+    return _rotate_real(x, table.cos, -table.sin if inverse else table.sin, table.layout)
+
+
+def _complex_viewable(x: Tensor) -> bool:
+    """Whether channel pairs of x can be viewed as complex numbers without a copy."""
+    return x.stride(-1) == 1 and all(st % 2 == 0 for st, n in zip(x.stride()[:-1], x.shape[:-1], strict=True) if n > 1)
+
+
+def _rotate_real(x: Tensor, cos: Tensor, sin: Tensor, layout: Layout) -> Tensor:
+    """Real-arithmetic rotation: export/ONNX safe (no complex ops, no tensor_split), fused by torch.compile."""
+    half = x.shape[-1] // 2
+    if layout == "interleaved":
+        pairs = x.unflatten(-1, (half, 2))
+        x0, x1 = pairs[..., 0], pairs[..., 1]
+        out = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2)
+    else:
+        x0, x1 = x[..., :half], x[..., half:]
+        out = torch.cat((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
+    return out.to(x.dtype)
+
+
+def _as_tuple(value: float | Sequence[float], n: int, name: str) -> tuple[float, ...]:
+    if isinstance(value, int | float):
+        return (float(value),) * n
+    value = tuple(float(v) for v in value)
+    if len(value) != n:
+        raise ValueError(f"{name} has {len(value)} entries but the layer has {n} axes; give one per axis or a scalar")
+    return value
+
+
+def _default_axis_dims(dim: int, axes: int, rotate_fraction: float) -> tuple[int, ...]:
+    rotary = int(dim * rotate_fraction)
+    per_axis = 2 * ((rotary // axes) // 2)  # even, equal sections; the remainder stays unrotated (V-JEPA 2)
+    return (per_axis,) * axes
+
+
+def mixed_frequency_init(
+    axis_dims: Sequence[int], num_heads: int, theta: float, depth: int | None = None, generator=None
+) -> Tensor:
+    """RoPE-Mixed initial frequencies, shape ``([depth,] heads, axes, dim // 2)``.
+
+    Heo et al. (ECCV 2024): per head, a random rotation ``a ~ U[0, 2π)``; the first half of the pairs get the
+    direction ``(cos a, sin a)``, the second half ``(cos(a + π/2), sin(a + π/2))``, both with magnitudes
+    ``1 / theta ** (4j / dim)``. For ``n`` axes the ``n`` groups of pairs take the columns of a random
+    orthonormal basis (a random rotation by ``a`` in 2D, exactly the paper's init).
+    """
+    axes = len(axis_dims)
+    lead = (num_heads,) if depth is None else (depth, num_heads)
+    group = axis_dims[0] // 2  # pairs per group (all sections are equal for mixed frequencies)
+    mag = theta ** (-torch.arange(group, dtype=torch.float64) * 2 / axis_dims[0])
+    if axes == 1:
+        basis = torch.ones(*lead, 1, 1, dtype=torch.float64)
+    elif axes == 2:
+        a = torch.rand(*lead, generator=generator, dtype=torch.float64) * 2 * math.pi
+        # basis[axis, group]: group directions (cos a, sin a) and (cos(a + π/2), sin(a + π/2)) in (x, y); the
+        # axes run in grid order, so row 0 takes the y components (sin) and row 1 the x components (cos)
+        y = torch.stack((a.sin(), (a + math.pi / 2).sin()), -1)
+        x = torch.stack((a.cos(), (a + math.pi / 2).cos()), -1)
+        basis = torch.stack((y, x), -2)
+    else:
+        gauss = torch.randn(*lead, axes, axes, generator=generator, dtype=torch.float64)
+        basis, _ = torch.linalg.qr(gauss)
+    # (..., axes, groups, 1) * (group,) -> (..., axes, groups * group)
+    freqs = (basis.unsqueeze(-1) * mag).flatten(-2)
+    return freqs.float()
+
+
+class RotaryEmbedding(nn.Module):
+    """n-dimensional rotary position embedding.
+
+    Args:
+        dim: channels per head that the layer sees (the head dim).
+        axes: number of coordinate axes: 1 (sequence), 2 (image rows, cols), 3 (video t, h, w), ...
+        theta: frequency base. Default 100 for axial (best for ViTs in Heo et al.), 10 for mixed (their init);
+            10000 is the language-model value.
+        layout: ``"interleaved"`` pairs channels (2i, 2i+1); ``"half"`` pairs i with i + dim/2 (rotate_half),
+            the same rotation up to the channel permutation 2i ↔ i, 2i+1 ↔ i + dim/2.
+        axis_dims: channels per axis, in grid axis order (e.g. ``(16, 24, 24)`` for (t, h, w)); each even.
+            Default: equal even sections, the remainder unrotated (64 over 3 axes → 20/20/20 + 4).
+        rotate_fraction: fraction of ``dim`` to rotate when ``axis_dims`` is not given (the rest stays unrotated).
+        freqs: ``"axial"`` (fixed) or ``"mixed"`` (learned, needs ``num_heads``; per layer with ``depth``).
+        num_prefix_tokens: leading tokens (cls, registers) left unrotated; x then has ``prefix + prod(grid)``
+            tokens, and the rotation still runs in a single pass.
+        coords: ``"index"`` (integer patch indices) or ``"normalized"`` (patch centres in [-1, 1] per axis,
+            times 2π as in DINOv3, so coordinates do not depend on the resolution).
+        scaling: extrapolation mode for grids larger than ``ref_grid``: ``"none"``, ``"pi"`` (coordinates / s),
+            ``"ntk"`` (``theta · s ** (d / (d - 2))`` per section of d channels) or ``"yarn"``.
+        scale: scale factor s (scalar or per axis). ``None`` derives it per axis from the grid:
+            ``s = max(n / ref_n, 1)``.
+        ref_grid: the training grid (for derived scales and YaRN's original length).
+        yarn_beta: YaRN's (β_fast, β_slow) ramp bounds, in turns over the original length.
+        shift, jitter, rescale: training-only coordinate augmentation (DINOv3): a shift drawn from U[-shift, shift]
+            per axis, a per-axis factor log-uniform in [1/jitter, jitter], one shared factor log-uniform in
+            [1/rescale, rescale]. Drawn once per table (so once per forward pass in the models).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        axes: int = 2,
+        theta: float | None = None,
+        layout: Layout = "interleaved",
+        axis_dims: Sequence[int] | None = None,
+        rotate_fraction: float = 1.0,
+        freqs: Literal["axial", "mixed"] = "axial",
+        num_heads: int | None = None,
+        depth: int | None = None,
+        num_prefix_tokens: int = 0,
+        coords: Coords = "index",
+        scaling: Scaling = "none",
+        scale: float | Sequence[float] | None = None,
+        ref_grid: Sequence[int] | None = None,
+        yarn_beta: tuple[float, float] = (32.0, 1.0),
+        shift: float | None = None,
+        jitter: float | None = None,
+        rescale: float | None = None,
+    ) -> None:
+        super().__init__()
+        if axes < 1:
+            raise ValueError(f"axes={axes}: a rotary embedding needs at least one axis")
+        if layout not in ("interleaved", "half"):
+            raise ValueError(f"layout={layout!r}: choose 'interleaved' (pairs 2i, 2i+1) or 'half' (i, i + dim/2)")
+        if freqs not in ("axial", "mixed"):
+            raise ValueError(f"freqs={freqs!r}: choose 'axial' or 'mixed'")
+        if coords not in ("index", "normalized"):
+            raise ValueError(f"coords={coords!r}: choose 'index' or 'normalized'")
+        if dim % 2:
+            raise ValueError(f"dim={dim} is odd; rotary embeddings turn channel pairs, so dim must be even")
+        if not 0.0 < rotate_fraction <= 1.0:
+            raise ValueError(f"rotate_fraction={rotate_fraction} must be in (0, 1]")
+        if axis_dims is None:
+            axis_dims = _default_axis_dims(dim, axes, rotate_fraction)
+            if axis_dims[0] == 0:
+                raise ValueError(
+                    f"dim={dim} (rotate_fraction={rotate_fraction}) cannot be split into even sections for {axes} "
+                    f"axes; use a head dim of at least {2 * axes} or pass axis_dims with one even size per axis"
+                )
+        else:
+            if rotate_fraction != 1.0:
+                raise ValueError("give either axis_dims or rotate_fraction, not both")
+            axis_dims = tuple(int(d) for d in axis_dims)
+            if len(axis_dims) != axes:
+                raise ValueError(f"axis_dims={axis_dims} has {len(axis_dims)} entries for {axes} axes; give one each")
+            if any(d <= 0 or d % 2 for d in axis_dims) or sum(axis_dims) > dim:
+                raise ValueError(
+                    f"axis_dims={axis_dims} cannot split dim={dim}: each section must be even and positive, and "
+                    f"together at most dim (e.g. axis_dims={_default_axis_dims(dim, axes, 1.0)})"
+                )
+        if freqs == "mixed":
+            if num_heads is None:
+                raise ValueError("freqs='mixed' learns frequencies per head: pass num_heads")
+            if len(set(axis_dims)) != 1:
+                raise ValueError(f"freqs='mixed' needs equal axis_dims, got {axis_dims}")
+        self.dim = dim
+        self.axes = axes
+        self.axis_dims = tuple(axis_dims)
+        self.theta = float(theta if theta is not None else (10.0 if freqs == "mixed" else 100.0))
+        self.layout: Layout = layout
+        self.freqs_mode = freqs
+        self.num_heads = num_heads
+        self.depth = depth
+        self.num_prefix_tokens = num_prefix_tokens
+        self.coords = coords
+        self.yarn_beta = yarn_beta
+        self.ref_grid = None if ref_grid is None else tuple(int(n) for n in ref_grid)
+        self.set_scaling(scaling, scale)
+        self.shift, self.jitter, self.rescale = shift, jitter, rescale
+        for name, v, low in (("shift", shift, 0.0), ("jitter", jitter, 1.0), ("rescale", rescale, 1.0)):
+            if v is not None and v < low:
+                raise ValueError(f"{name}={v} must be at least {low} (None turns it off)")
+        if freqs == "mixed":
+            self.freqs = nn.Parameter(mixed_frequency_init(self.axis_dims, num_heads, self.theta, depth))
+        else:
+            self.freqs = None
+        self._cache: OrderedDict[tuple, RotaryTable] = OrderedDict()
+
+    # ----------------------------------------------------------------------------------------------- config
+    @property
+    def rotary_dim(self) -> int:
+        """Channels that turn; the rest (``dim - rotary_dim``, at the end) pass through unchanged."""
+        return sum(self.axis_dims)
+
+    @property
+    def augment(self) -> bool:
+        return self.training and any(v is not None for v in (self.shift, self.jitter, self.rescale))
+
+    def set_scaling(self, scaling: Scaling = "none", scale: float | Sequence[float] | None = None) -> None:
+        """Choose the extrapolation mode (e.g. per evaluation resolution); clears the table cache."""
+        if scaling not in SCALING_MODES:
+            raise ValueError(f"scaling={scaling!r}: choose one of {SCALING_MODES}")
+        if scaling != "none" and scale is None and getattr(self, "ref_grid", None) is None:
+            raise ValueError(f"scaling={scaling!r} needs a scale factor or ref_grid (the training grid) to derive one")
+        if scaling == "yarn" and getattr(self, "ref_grid", None) is None:
+            raise ValueError("scaling='yarn' needs ref_grid (the training grid): its ramp is measured against it")
+        self.scaling = scaling
+        self.scale = None if scale is None else _as_tuple(scale, self.axes, "scale")
+        if self.scale is not None and min(self.scale) <= 0:
+            raise ValueError(f"scale={scale} must be positive")
+        self.clear_cache()
+
+    def clear_cache(self) -> None:
+        self._cache = OrderedDict()
+
+    def extra_repr(self) -> str:
+        return (
+            f"dim={self.dim}, axes={self.axes}, axis_dims={self.axis_dims}, theta={self.theta}, "
+            f"layout={self.layout}, freqs={self.freqs_mode}, coords={self.coords}, scaling={self.scaling}"
+        )
+
+    # ------------------------------------------------------------------------------------------- coordinates
+    def _scales(self, grid: Sequence[int] | None) -> tuple[float, ...]:
+        if self.scale is not None:
+            return self.scale
+        if self.ref_grid is None or grid is None:
+            return (1.0,) * self.axes
+        return tuple(max(n / r, 1.0) for n, r in zip(grid, self.ref_grid, strict=True))
+
+    def grid_coords(self, grid: Sequence[int], device=None) -> Tensor:
+        """Row-major coordinates ``(prod(grid), axes)`` in float64, before scaling and augmentation."""
+        axes = []
+        for n in grid:
+            i = torch.arange(n, device=device, dtype=torch.float64)
+            axes.append((i + 0.5) / n * 2 - 1 if self.coords == "normalized" else i)
+        mesh = torch.meshgrid(*axes, indexing="ij")
+        return torch.stack(mesh, dim=-1).reshape(-1, len(grid))
+
+    def _augment(self, coords: Tensor) -> Tensor:
+        dev, a = coords.device, self.axes
+        if self.shift:
+            coords = coords + (torch.rand(a, device=dev, dtype=coords.dtype) * 2 - 1) * self.shift
+        if self.jitter:
+            log_j = math.log(self.jitter)
+            coords = coords * ((torch.rand(a, device=dev, dtype=coords.dtype) * 2 - 1) * log_j).exp()
+        if self.rescale:
+            log_r = math.log(self.rescale)
+            coords = coords * ((torch.rand(1, device=dev, dtype=coords.dtype) * 2 - 1) * log_r).exp()
+        return coords
+
+    # ------------------------------------------------------------------------------------------- frequencies
+    def frequency_matrix(self, scales: Sequence[float] | None = None) -> Tensor:
+        """The axial ``(axes, dim // 2)`` float64 frequency matrix (zero where a pair ignores an axis).
+
+        Sections run from the last grid axis to the first; NTK and YaRN adjust each section's ladder by its
+        axis's scale factor.
+        """
+        scales = scales or (1.0,) * self.axes
+        F = torch.zeros(self.axes, self.dim // 2, dtype=torch.float64)
+        start = 0
+        for axis in reversed(range(self.axes)):
+            d = self.axis_dims[axis]
+            s = scales[axis]
+            theta = self.theta
+            if self.scaling == "ntk" and s > 1 and d > 2:
+                theta = theta * s ** (d / (d - 2))
+            f = theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+            if self.scaling == "yarn" and s > 1:
+                f = _yarn_frequencies(f, s, self.ref_grid[axis], *self.yarn_beta)
+            F[axis, start : start + d // 2] = f
+            start += d // 2
+        return F
+
+    def _magnitude(self, scales: Sequence[float]) -> Tensor | None:
+        """YaRN's attention temperature ``0.1 ln s + 1`` per rotated pair (None when it is 1 everywhere)."""
+        if self.scaling != "yarn" or max(scales) <= 1:
+            return None
+        m = torch.ones(self.dim // 2, dtype=torch.float64)
+        start = 0
+        for axis in reversed(range(self.axes)):
+            d = self.axis_dims[axis] // 2
+            m[start : start + d] = 0.1 * math.log(max(scales[axis], 1.0)) + 1.0
+            start += d
+        return m
+
+    # ------------------------------------------------------------------------------------------------ tables
+    def table(
+        self,
+        grid: Sequence[int] | None = None,
+        positions: Tensor | None = None,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> RotaryTable:
+        """cos/sin for a grid (row-major tokens) or for explicit ``positions`` ``([B,] N, axes)``.
+
+        Shape ``([B,] [depth,] [heads,] prefix + N, dim // 2)``; ``dtype`` float64 keeps float64 precision,
+        anything else gives float32.
+        """
+        dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        if (grid is None) == (positions is None):
+            raise ValueError("pass exactly one of grid=(sizes per axis) or positions=(N, axes) coordinates")
+        if grid is not None:
+            grid = tuple(int(n) for n in grid)
+            if len(grid) != self.axes:
+                raise ValueError(
+                    f"grid={grid} has {len(grid)} sizes but the layer has axes={self.axes}; give one size per axis"
+                )
+            if min(grid) < 1:
+                raise ValueError(f"grid={grid}: every axis needs at least one position")
+        else:
+            if positions.ndim not in (2, 3) or positions.shape[-1] != self.axes:
+                raise ValueError(
+                    f"positions has shape {tuple(positions.shape)}; expected (N, {self.axes}) or (B, N, {self.axes}): "
+                    "one coordinate per axis, in grid axis order"
+                )
+        device = (
+            torch.device(device)
+            if device is not None
+            else (positions.device if positions is not None else torch.device("cpu"))
+        )
+        cacheable = grid is not None and self.freqs is None and not self.augment and not _tracing()
+        key = (grid, device, dtype)
+        if cacheable and key in self._cache:
+            self._cache.move_to_end(key)
+            return self._cache[key]
+        table = self._build(grid, positions, device, dtype)
+        if cacheable:
+            self._cache[key] = table
+            if len(self._cache) > _CACHE_SIZE:
+                self._cache.popitem(last=False)
+        return table
+
+    def _build(self, grid, positions, device, dtype) -> RotaryTable:
+        # MPS has no float64; everything else computes the fixed tables in float64.
+        calc = torch.float32 if device.type == "mps" else torch.float64
+        scales = self._scales(grid)
+        with torch.autocast(device.type, enabled=False):
+            if grid is not None:
+                coords = self.grid_coords(grid, device=device).to(calc)
+                if self.coords == "normalized":
+                    coords = coords * (2 * math.pi)
+            else:
+                coords = positions.to(device=device, dtype=calc)
+            if self.scaling == "pi":
+                coords = coords / torch.tensor(scales, device=device, dtype=calc)
+            if self.augment:
+                coords = self._augment(coords)
+            if self.freqs is None:
+                F = self.frequency_matrix(scales).to(device=device, dtype=calc)
+                angles = coords @ F  # (..., N, P); exact: each pair sums one non-zero product
+            else:
+                # (..., N, axes) x ([depth,] heads, axes, P) -> (..., [depth,] heads, N, P), in float32 (as the
+                # paper) or the parameters' precision if higher
+                mixed_dtype = torch.promote_types(self.freqs.dtype, torch.float32)
+                F = self.freqs.to(mixed_dtype)
+                c = coords.to(mixed_dtype)
+                if c.ndim == 3:  # batched positions: (B, 1.., N, axes)
+                    c = c.view(c.shape[0], *([1] * (F.ndim - 2)), *c.shape[1:])
+                angles = c @ F
+            cos, sin = angles.cos(), angles.sin()
+            mag = self._magnitude(scales)
+            if mag is not None:
+                mag = mag.to(device=device, dtype=cos.dtype)
+                cos, sin = cos * mag, sin * mag
+            if self.num_prefix_tokens:
+                pad = (0, 0, self.num_prefix_tokens, 0)
+                cos = nn.functional.pad(cos, pad, value=1.0)
+                sin = nn.functional.pad(sin, pad, value=0.0)
+            if positions is not None and positions.ndim == 3 and self.freqs is None:
+                # batched positions (B, N, axes) -> (B, 1, N, P): broadcasts against x (..., B, heads, N, dim)
+                cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+            table = RotaryTable(cos.to(dtype), sin.to(dtype), self.layout)
+        return table
+
+    # --------------------------------------------------------------------------------------------- forward
+    def forward(
+        self,
+        x: Tensor,
+        grid: Sequence[int] | None = None,
+        positions: Tensor | None = None,
+        *,
+        inverse: bool = False,
+        layer: int | None = None,
+    ) -> Tensor:
+        """Rotate ``x (..., N, dim)`` by the positions of its tokens (``inverse=True``: rotate back).
+
+        Mixed frequencies need x as ``(..., heads, N, dim)``; with per-layer frequencies pass ``layer``.
+        """
+        if x.shape[-1] != self.dim:
+            raise ValueError(
+                f"x has last dim {x.shape[-1]} but the layer was built with dim={self.dim}; the last dim of x must be "
+                "the head dim the layer rotates"
+            )
+        if grid is not None and len(grid) == self.axes:
+            expected = self.num_prefix_tokens + math.prod(grid)
+            if x.shape[-2] != expected:
+                prefix = f" + {self.num_prefix_tokens} prefix" if self.num_prefix_tokens else ""
+                raise ValueError(
+                    f"x has {x.shape[-2]} tokens but grid={tuple(grid)} has {math.prod(grid)}{prefix}; tokens must be "
+                    "the flattened (row-major) grid"
+                )
+        table = self.table(grid, positions, device=x.device, dtype=x.dtype)
+        if self.depth is not None:
+            if layer is None:
+                raise ValueError("this layer learns frequencies per model layer (depth is set): pass layer=index")
+            table = table.layer(layer)
+        if self.freqs is not None and x.ndim >= 3 and x.shape[-3] != self.num_heads:
+            raise ValueError(
+                f"mixed frequencies are per head: x must be (..., heads={self.num_heads}, N, dim), got {tuple(x.shape)}"
+            )
+        return apply_rotary(x, table, inverse=inverse)
+
+
+def _yarn_frequencies(f: Tensor, s: float, length: int, beta_fast: float, beta_slow: float) -> Tensor:
+    """YaRN (Peng et al. 2023, "YaRN: Efficient Context Window Extension of LLMs"), "NTK-by-parts".
+
+    ``r = length / wavelength`` counts the turns a frequency makes over the original length. Frequencies with
+    fewer than ``beta_slow`` turns are interpolated (``f / s``), those with more than ``beta_fast`` are kept, and
+    a linear ramp blends between them.
+    """
+    turns = length * f / (2 * math.pi)
+    keep = ((turns - beta_slow) / (beta_fast - beta_slow)).clamp(0.0, 1.0)
+    return f / s * (1 - keep) + f * keep
