@@ -1,6 +1,16 @@
 """vit-rope: Vision Transformers with n-dimensional rotary position embeddings, registered in timm."""
 
+from . import video, vit  # noqa: F401  (register the models in timm)
 from .rope import RotaryEmbedding, RotaryTable, apply_rotary
+from .video import VideoVisionTransformer
+from .vit import VisionTransformer, checkpoint_filter_fn
 
-__all__ = ["RotaryEmbedding", "RotaryTable", "apply_rotary"]
+__all__ = [
+    "RotaryEmbedding",
+    "RotaryTable",
+    "VideoVisionTransformer",
+    "VisionTransformer",
+    "apply_rotary",
+    "checkpoint_filter_fn",
+]
 __version__ = "0.1.0"

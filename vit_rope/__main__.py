@@ -25,7 +25,9 @@ def main() -> None:
     print(rope)
     table = rope.table((14, 14), dtype=torch.float64)
     angles = torch.atan2(table.sin, table.cos)
-    print("token (row 1, col 2): first x pairs", angles[1 + 16, :3].tolist(), "first y pairs", angles[17, 16:19].tolist())
+    print(
+        "token (row 1, col 2): first x pairs", angles[1 + 16, :3].tolist(), "first y pairs", angles[17, 16:19].tolist()
+    )
 
     q, k = torch.randn(2, 64, dtype=torch.float64)
     for a, b in [((0, 0), (3, 5)), ((7, 2), (10, 7)), ((40, 40), (43, 45))]:

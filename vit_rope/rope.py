@@ -63,7 +63,7 @@ class RotaryTable:
 
     @property
     def cis(self) -> Tensor:
-        """``cos + i·sin`` for the eager fast path; built once per table, never while tracing."""
+        """``cos + i·sin`` for the eager fast path (built with the table; lazily for hand-made tables)."""
         if self._cis is None:
             self._cis = torch.complex(self.cos, self.sin)
         return self._cis
@@ -459,8 +459,10 @@ class RotaryEmbedding(nn.Module):
             if positions is not None and positions.ndim == 3 and self.freqs is None:
                 # batched positions (B, N, axes) -> (B, 1, N, P): broadcasts against x (..., B, heads, N, dim)
                 cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-            table = RotaryTable(cos.to(dtype), sin.to(dtype), self.layout)
-        return table
+            cos, sin = cos.to(dtype), sin.to(dtype)
+            # the fast path's complex table is built here, once per table, never inside a (checkpointed) block
+            cis = torch.complex(cos, sin) if self.layout == "interleaved" and not _tracing() else None
+        return RotaryTable(cos, sin, self.layout, cis)
 
     # --------------------------------------------------------------------------------------------- forward
     def forward(

@@ -1,0 +1,107 @@
+"""Video models: clip lengths and sizes, 3D RoPE layout, starting from image checkpoints, errors."""
+
+import pytest
+import timm
+import torch
+from safetensors.torch import save_file
+
+import vit_rope  # noqa: F401
+
+
+def tiny_video(**kwargs):
+    return timm.create_model("vit_rope3d_tiny", depth=kwargs.pop("depth", 2), num_classes=4, **kwargs)
+
+
+@pytest.mark.parametrize("name", ["vit_rope3d_tiny", "vit_rope3d_small", "vit_rope3d_base"])
+def test_every_video_model_builds_runs_forward_backward(name):
+    model = timm.create_model(name, num_classes=3, num_frames=4, img_size=32)
+    out = model(torch.randn(2, 3, 4, 32, 32))
+    assert out.shape == (2, 3)
+    out.square().mean().backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+
+@pytest.mark.parametrize("clip", [(2, 64, 64), (8, 48, 80)])
+def test_two_clip_lengths_and_sizes(clip):
+    model = tiny_video().eval()
+    T, H, W = clip
+    out, feats = model.forward_intermediates(torch.randn(1, 3, T, H, W), indices=1)
+    assert feats[0].shape == (1, 192, T // 2, H // 16, W // 16)
+    assert out.shape == (1, 1 + (T // 2) * (H // 16) * (W // 16), 192)
+
+
+def test_3d_rope_splits_head_dim_per_axis():
+    small = timm.create_model("vit_rope3d_small", depth=1)
+    assert small.rope.axes == 3 and small.rope.axis_dims == (20, 20, 20)  # head_dim 64, 4 channels unrotated
+    mrope = timm.create_model("vit_rope3d_small", depth=1, rope_axis_dims=(16, 24, 24))
+    assert mrope.rope.axis_dims == (16, 24, 24)
+    # time (grid axis 0) turns the last section: channel pairs 24..31 of a (t=1, h=0, w=0) token
+    t = mrope.rope.table((2, 1, 1), dtype=torch.float64)
+    turned = (t.sin[2] != 0).nonzero().flatten().tolist()
+    assert turned == list(range(24, 32))
+
+
+def test_time_order_matters():
+    """Swapping the two tubelets in time changes the prediction (3D RoPE sees time); without positions it is a
+    mere token permutation, which the cls output cannot see."""
+
+    def model_with(pos_embed):
+        torch.manual_seed(0)
+        model = tiny_video(pos_embed=pos_embed).eval()
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if "gamma" in n:
+                    p.fill_(1.0)
+        return model
+
+    clip = torch.randn(1, 3, 4, 32, 32)
+    swapped = clip[:, :, [2, 3, 0, 1]]  # whole 2-frame tubelets, their inner order kept
+    with torch.no_grad():
+        rope, none = model_with("rope"), model_with("none")
+        scale = rope(clip).abs().max()
+        moved = (rope(clip) - rope(swapped)).abs().max()
+        still = (none(clip) - none(swapped)).abs().max()
+        assert still < 1e-5 * none(clip).abs().max()  # float noise only
+        assert moved > 1e-3 * scale and moved > 1000 * still
+
+
+def test_start_from_image_checkpoint(tmp_path):
+    image = timm.create_model("vit_ape_tiny", depth=2, num_classes=10)
+    path = tmp_path / "image.safetensors"
+    save_file({k: v.contiguous() for k, v in image.state_dict().items()}, str(path))
+    video = timm.create_model(
+        "vit_rope3d_tiny",
+        depth=2,
+        num_classes=5,
+        pos_embed="ape",
+        num_frames=4,
+        pretrained=True,
+        pretrained_cfg_overlay=dict(file=str(path)),
+    ).eval()
+    torch.testing.assert_close(video.blocks[1].mlp.fc1.weight, image.blocks[1].mlp.fc1.weight)
+    assert video.head.weight.shape == (5, 192)
+    # inflated kernel: a still clip embeds exactly like its image
+    frame = torch.randn(1, 3, 224, 224)
+    clip = frame.unsqueeze(2).repeat(1, 1, 4, 1, 1)
+    image_tokens = image.patch_embed(frame).flatten(1, 2)
+    video_tokens = video.patch_embed(clip).flatten(1, 3)
+    torch.testing.assert_close(video_tokens[:, :196], image_tokens, rtol=1e-4, atol=1e-4)
+    # the image APE is repeated over time
+    torch.testing.assert_close(video.pos_embed[:, :196], image.pos_embed)
+    torch.testing.assert_close(video.pos_embed[:, 196:392], image.pos_embed)
+
+
+def test_video_errors():
+    model = tiny_video()
+    with pytest.raises(ValueError, match=r"take \(B, C, T, H, W\).*image batch"):
+        model(torch.randn(1, 3, 32, 32))
+    with pytest.raises(ValueError, match="clip length 3 is not divisible by the tubelet depth 2"):
+        model(torch.randn(1, 3, 3, 32, 32))
+    with pytest.raises(ValueError, match="frame size 40x32 is not divisible"):
+        model(torch.randn(1, 3, 2, 40, 32))
+    with pytest.raises(ValueError, match="in_chans=4"):
+        model(torch.randn(1, 4, 2, 32, 32))
+    with pytest.raises(ValueError, match="head_dim=4 .*does not suit RoPE over 3 axes"):
+        timm.create_model("vit_rope3d_tiny", embed_dim=12, num_heads=3, depth=1)
+    with pytest.raises(ValueError, match="sincos"):
+        tiny_video(pos_embed="sincos")

@@ -1,0 +1,328 @@
+"""Image models: timm registry and API, sizes, weights from timm's own models, rope targets, export, errors."""
+
+import os
+
+import pytest
+import timm
+import torch
+from safetensors.torch import save_file
+from timm.layers import resample_abs_pos_embed
+from timm.optim import create_optimizer_v2
+
+import vit_rope  # noqa: F401  (registers the models)
+from vit_rope.attention import ROPE_TARGETS
+
+IMAGE_NAMES = [
+    f"vit_{kind}_{size}" for kind in ("rope", "rope_mixed", "ape") for size in ("tiny", "small", "base", "large")
+]
+VIDEO_NAMES = [f"vit_rope3d_{size}" for size in ("tiny", "small", "base")]
+
+
+def tiny(name="vit_rope_tiny", **kwargs):
+    """A two-block model: the same code paths, fast."""
+    return timm.create_model(name, depth=kwargs.pop("depth", 2), **kwargs)
+
+
+def save(model, path):
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
+    return str(path)
+
+
+def test_registry_lists_every_name():
+    assert set(IMAGE_NAMES + VIDEO_NAMES) <= set(timm.list_models("vit_*"))
+
+
+@pytest.mark.parametrize("name", IMAGE_NAMES)
+def test_every_image_model_builds_runs_forward_backward(name):
+    model = timm.create_model(name, img_size=64, num_classes=7)
+    x = torch.randn(2, 3, 64, 64)
+    out = model(x)
+    assert out.shape == (2, 7) and torch.isfinite(out).all()
+    out.square().mean().backward()
+    missing = [n for n, p in model.named_parameters() if p.grad is None]
+    assert not missing, f"no gradient for {missing}"
+
+
+def test_parameter_count_matches_timm_vit_s():
+    ours = sum(p.numel() for p in timm.create_model("vit_rope_small").parameters())
+    theirs = sum(p.numel() for p in timm.create_model("vit_small_patch16_224").parameters())
+    assert abs(ours - 22e6) < 0.2e6
+    assert abs(ours - theirs) / theirs < 0.01  # timm's ViT-S adds only a cls-slot pos_embed
+
+
+@pytest.mark.parametrize("name", ["vit_rope_tiny", "vit_rope_mixed_tiny", "vit_ape_tiny"])
+@pytest.mark.parametrize("size", [(224, 224), (96, 96), (64, 160), (176, 48)])
+def test_unseen_square_and_rectangular_sizes(name, size):
+    model = tiny(name).eval()
+    out, feats = model.forward_intermediates(torch.randn(1, 3, *size), indices=1)
+    assert feats[0].shape == (1, 192, size[0] // 16, size[1] // 16)
+    assert torch.isfinite(out).all()
+
+
+def test_rope_positions_follow_the_grid():
+    """A rectangular input uses the (rows, cols) grid: the table equals the layer's own table for that grid."""
+    model = tiny().eval()
+    seen = {}
+    orig = model.rope.table
+
+    def spy(grid, *a, **k):
+        seen["grid"] = grid
+        return orig(grid, *a, **k)
+
+    model.rope.table = spy
+    model(torch.randn(1, 3, 48, 128))
+    assert seen["grid"] == (3, 8)
+
+
+def test_prefix_tokens_have_identity_rows_in_the_table():
+    model = tiny(reg_tokens=2).eval()
+    t = model.rope.table((4, 4))
+    assert t.num_tokens == 3 + 16
+    assert torch.equal(t.cos[:3], torch.ones_like(t.cos[:3])) and torch.equal(t.sin[:3], torch.zeros_like(t.sin[:3]))
+    assert not torch.equal(t.sin[3:], torch.zeros_like(t.sin[3:]))
+
+
+def test_rope_buffers_are_not_in_checkpoints():
+    for name in ("vit_rope_tiny", "vit_rope_mixed_tiny"):
+        keys = [k for k in tiny(name).state_dict() if k.startswith("rope")]
+        assert keys == ([] if name == "vit_rope_tiny" else ["rope.freqs"])
+    model = tiny()
+    model(torch.randn(1, 3, 64, 64))  # a table is cached now
+    assert all("cos" not in k and "sin" not in k for k in model.state_dict())
+
+
+def test_each_rope_target_changes_the_output():
+    torch.manual_seed(0)
+    base = tiny(num_classes=10)
+    with torch.no_grad():  # large LayerScale so that every block matters
+        for n, p in base.named_parameters():
+            if "gamma" in n:
+                p.fill_(1.0)
+    state = base.state_dict()
+    x = torch.randn(2, 3, 64, 64)
+    outs = {}
+    for targets in ROPE_TARGETS:
+        model = tiny(num_classes=10, rope_targets=targets).eval()
+        model.load_state_dict(state)
+        outs[targets] = model(x)
+    names = list(outs)
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            assert not torch.allclose(outs[a], outs[b], atol=1e-6), (a, b)
+
+
+def test_vo_rope_model_output_is_shift_invariant():
+    """With rope_targets='vo' and no q/k rotation, attention output depends only on relative positions."""
+    from vit_rope.attention import Attention
+    from vit_rope.rope import RotaryEmbedding
+
+    attn = Attention(64, num_heads=2, rope_targets="vo").double()
+    rope = RotaryEmbedding(32, axes=2)
+    x = torch.randn(2, 12, 64, dtype=torch.float64)
+    pos = torch.cartesian_prod(torch.arange(3.0), torch.arange(4.0)).double()
+    a = attn(x, rope.table(positions=pos, dtype=torch.float64))
+    b = attn(x, rope.table(positions=pos + torch.tensor([5.0, -7.0], dtype=torch.float64), dtype=torch.float64))
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+    plain = Attention(64, num_heads=2, rope_targets="none").double()
+    plain.load_state_dict(attn.state_dict())
+    assert not torch.allclose(a, plain(x, rope.table(positions=pos, dtype=torch.float64)))
+
+
+# --------------------------------------------------------------------------------------- weights from timm
+def _randomize(model):
+    """Weights of order one everywhere (incl. LayerScale and head) so that logits really test the mapping."""
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * (0.02 if p.ndim > 1 else 0.5))
+        model.head.weight.mul_(20)
+    return model
+
+
+@pytest.mark.parametrize(
+    "timm_name,ours,size",
+    [
+        ("deit3_{}_patch16_224", "vit_ape_{}", "small"),
+        ("vit_{}_patch16_rope_224", "vit_rope_{}", "small"),
+        ("vit_{}_patch16_rope_mixed_224", "vit_rope_mixed_{}", "small"),
+        ("deit3_{}_patch16_224", "vit_ape_{}", "base"),
+        ("vit_{}_patch16_rope_224", "vit_rope_{}", "base"),
+        ("vit_{}_patch16_rope_mixed_224", "vit_rope_mixed_{}", "base"),
+        ("deit3_{}_patch16_224", "vit_ape_{}", "large"),
+        ("vit_{}_patch16_rope_224", "vit_rope_{}", "large"),
+        ("vit_{}_patch16_rope_mixed_224", "vit_rope_mixed_{}", "large"),
+    ],
+)
+def test_timm_checkpoints_load_with_equal_outputs(timm_name, ours, size, tmp_path):
+    # ViT-S whole at the published 224; B and L with 2 blocks at 64 px (the key mapping depends on neither)
+    kw = {} if size == "small" else dict(img_size=64, depth=2)
+    img = kw.get("img_size", 224)
+    theirs = _randomize(timm.create_model(timm_name.format(size), **kw)).eval()
+    path = save(theirs, tmp_path / "w.safetensors")
+    model = timm.create_model(ours.format(size), pretrained=True, pretrained_cfg_overlay=dict(file=path), **kw).eval()
+    x = torch.randn(2, 3, img, img)
+    with torch.no_grad():
+        ref, out = theirs(x), model(x)
+    assert ref.abs().max() > 1.0
+    assert (ref - out).abs().max() < 1e-4
+
+
+def test_default_cfgs_point_at_published_weights():
+    assert (
+        timm.create_model("vit_rope_small").pretrained_cfg["hf_hub_id"] == "timm/vit_small_patch16_rope_224.naver_in1k"
+    )
+    cfg = timm.create_model("vit_ape_base").pretrained_cfg
+    assert cfg["hf_hub_id"] == "timm/deit3_base_patch16_224.fb_in1k"
+    assert cfg["mean"] == (0.485, 0.456, 0.406) and cfg["input_size"] == (3, 224, 224) and cfg["crop_pct"] == 0.9
+
+
+def test_own_checkpoint_loads_with_other_classes_and_size(tmp_path):
+    src = tiny("vit_ape_tiny", num_classes=10)
+    path = save(src, tmp_path / "ape.safetensors")
+    dst = tiny("vit_ape_tiny", num_classes=3, img_size=112, pretrained=True, pretrained_cfg_overlay=dict(file=path))
+    assert dst.head.weight.shape == (3, 192)
+    torch.testing.assert_close(dst.blocks[1].attn.qkv.weight, src.blocks[1].attn.qkv.weight)
+    expected = resample_abs_pos_embed(src.pos_embed, [7, 7], [14, 14], num_prefix_tokens=0, antialias=False)
+    torch.testing.assert_close(dst.pos_embed, expected)
+    # same classes: the head carries over too (timm's convention: the overlay says how many classes the file has)
+    same = tiny("vit_ape_tiny", num_classes=10, pretrained=True, pretrained_cfg_overlay=dict(file=path, num_classes=10))
+    torch.testing.assert_close(same.head.weight, src.head.weight)
+    # timm's load_checkpoint with our filter: the path train.py's --initial-checkpoint takes
+    other = tiny("vit_ape_tiny", num_classes=10, img_size=96)
+    timm.models.load_checkpoint(other, path, filter_fn=vit_rope.checkpoint_filter_fn)
+    torch.testing.assert_close(other.head.weight, src.head.weight)
+    assert other.pos_embed.shape == (1, 36, 192)
+
+
+def test_mixed_checkpoint_roundtrip_keeps_frequencies(tmp_path):
+    src = tiny("vit_rope_mixed_tiny")
+    path = save(src, tmp_path / "m.safetensors")
+    dst = tiny("vit_rope_mixed_tiny", pretrained=True, pretrained_cfg_overlay=dict(file=path), img_size=96)
+    torch.testing.assert_close(dst.rope.freqs, src.rope.freqs)
+
+
+# ---------------------------------------------------------------------------------------------- timm API
+def test_timm_api_surface():
+    model = tiny(num_classes=5).eval()
+    x = torch.randn(2, 3, 64, 96)
+    feats = model.forward_features(x)
+    assert feats.shape == (2, 1 + 4 * 6, 192)
+    assert model.forward_head(feats, pre_logits=True).shape == (2, 192)
+    assert model.get_classifier() is model.head
+    model.reset_classifier(11, "avg")
+    assert model(x).shape == (2, 11) and model.global_pool == "avg"
+    model.reset_classifier(0)
+    assert model(x).shape == (2, 192)
+    names = dict(model.named_parameters())
+    assert model.no_weight_decay() & set(names) == {"cls_token"}
+    groups = create_optimizer_v2(model, "adamw", lr=1e-3, weight_decay=0.05, layer_decay=0.75)
+    assert len(groups.param_groups) > 2
+    assert [f["module"] for f in model.feature_info] == ["blocks.0", "blocks.1"]
+
+
+def test_forward_intermediates_and_pruning():
+    model = tiny(depth=4).eval()
+    x = torch.randn(1, 3, 64, 64)
+    final, inter = model.forward_intermediates(x, indices=[0, 2])
+    assert [t.shape for t in inter] == [(1, 192, 4, 4)] * 2
+    torch.testing.assert_close(final, model.forward_features(x))
+    nlc = model.forward_intermediates(
+        x, indices=2, output_fmt="NLC", intermediates_only=True, return_prefix_tokens=True
+    )
+    assert nlc[0][0].shape == (1, 16, 192) and nlc[0][1].shape == (1, 1, 192)
+    block1 = model.forward_intermediates(x, indices=[1], intermediates_only=True)[0]
+    kept = model.prune_intermediate_layers(indices=[1])
+    assert kept == [1] and len(model.blocks) == 2 and isinstance(model.head, torch.nn.Identity)
+    torch.testing.assert_close(model.forward_intermediates(x, indices=[1], intermediates_only=True)[0], block1)
+
+
+def test_features_only():
+    model = timm.create_model("vit_rope_tiny", depth=4, features_only=True, out_indices=(1, 3))
+    outs = model(torch.randn(1, 3, 64, 96))
+    assert [o.shape for o in outs] == [(1, 192, 4, 6)] * 2
+    assert model.feature_info.channels() == [192, 192] and model.feature_info.reduction() == [16, 16]
+
+
+def test_grad_checkpointing_gives_same_output_and_grads():
+    model = tiny("vit_rope_mixed_tiny").train()
+    x = torch.randn(2, 3, 64, 64)
+    torch.manual_seed(0)
+    a = model(x)
+    a.sum().backward()
+    g = model.patch_embed.proj.weight.grad.clone()
+    model.zero_grad()
+    model.set_grad_checkpointing(True)
+    torch.manual_seed(0)
+    b = model(x)
+    b.sum().backward()
+    torch.testing.assert_close(a, b)
+    torch.testing.assert_close(model.patch_embed.proj.weight.grad, g)
+
+
+def test_set_input_size_resamples_ape_and_moves_rope_reference():
+    model = tiny("vit_ape_tiny")
+    model.set_input_size(img_size=128)
+    assert model.pos_embed.shape == (1, 64, 192)
+    rope = tiny("vit_rope_tiny", rope_scaling="pi")
+    rope.set_input_size(img_size=128)
+    assert rope.rope.ref_grid == (8, 8)
+
+
+def test_dynamic_img_pad_pads_instead():
+    model = tiny(dynamic_img_pad=True).eval()
+    assert model(torch.randn(1, 3, 70, 50)).shape == (1, 1000)
+
+
+def test_bf16_autocast_close_to_float32():
+    model = tiny("vit_rope_mixed_tiny", num_classes=10).eval()
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        ref = model(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(x)
+    assert (out.float() - ref).abs().max() < 0.1 * ref.abs().max() + 0.05
+
+
+# -------------------------------------------------------------------------------------------------- export
+@pytest.mark.parametrize("name", ["vit_rope_tiny", "vit_rope_mixed_tiny", "vit_ape_tiny"])
+def test_torch_export_matches_eager(name):
+    model = tiny(name, num_classes=10).eval()
+    x = torch.randn(2, 3, 64, 96)
+    ep = torch.export.export(model, (x,))
+    assert not any("complex" in str(n.target) for n in ep.graph.nodes)
+    with torch.no_grad():
+        torch.testing.assert_close(ep.module()(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["vit_rope_tiny", "vit_rope_mixed_tiny", "vit_ape_tiny"])
+def test_onnx_export_matches_eager(name, tmp_path):
+    import onnxruntime as ort
+
+    model = tiny(name, num_classes=10).eval()
+    x = torch.randn(2, 3, 64, 96)
+    path = os.path.join(tmp_path, "m.onnx")
+    torch.onnx.export(model, (x,), path, dynamo=True)
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    (out,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    with torch.no_grad():
+        torch.testing.assert_close(torch.from_numpy(out), model(x), rtol=1e-4, atol=1e-4)
+
+
+# -------------------------------------------------------------------------------------------------- errors
+def test_bad_input_errors():
+    model = tiny()
+    with pytest.raises(ValueError, match="in_chans=1"):
+        model(torch.randn(1, 1, 64, 64))
+    with pytest.raises(ValueError, match="not divisible by the patch size 16x16.*dynamic_img_pad=True"):
+        model(torch.randn(1, 3, 70, 64))
+    with pytest.raises(ValueError, match="video clip\\? use a vit_rope3d"):
+        model(torch.randn(1, 3, 4, 64, 64))
+    with pytest.raises(ValueError, match="head_dim=2 .*does not suit RoPE"):
+        timm.create_model("vit_rope_tiny", embed_dim=12, num_heads=6, depth=1)
+    with pytest.raises(ValueError, match="pos_embed='learned'"):
+        tiny(pos_embed="learned")
+    with pytest.raises(ValueError, match="rope_targets='qx'"):
+        tiny(rope_targets="qx")
+    with pytest.raises(ValueError, match="needs a RoPE pos_embed"):
+        tiny("vit_ape_tiny", rope_targets="vo")

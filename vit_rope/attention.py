@@ -1,0 +1,79 @@
+"""Multi-head self-attention whose q, k, v and output can carry the rotary embedding.
+
+``rope_targets`` picks which of them turn: ``"qk"`` is standard RoPE (Su et al. 2021); ``"vo"`` is VO-RoPE
+("second kind" RoPE, Su 2025, kexue.fm/archives/10862): v is turned by the key's position and the attention
+output back by the query's, ``o_i = R_iᵀ Σ_j a_ij R_j v_j = Σ_j a_ij R_{j-i} v_j``, so the output again depends
+only on relative positions. Any subset (``"q"``, ``"k"``, ``"v"``, ``"o"``, ``"qkv"``, ``"qkvo"``, ``"none"``)
+serves the ablation.
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .rope import RotaryTable, apply_rotary
+
+ROPE_TARGETS = ("qk", "vo", "qkvo", "q", "k", "v", "o", "qkv", "none")
+
+
+def parse_rope_targets(targets: str) -> str:
+    """Normalise a targets string to the canonical order of letters in 'qkvo' ('' for none)."""
+    letters = "" if targets in ("none", "") else targets
+    if not isinstance(targets, str) or any(c not in "qkvo" for c in letters) or len(set(letters)) != len(letters):
+        raise ValueError(f"rope_targets={targets!r}: use letters from 'qkvo' once each, e.g. one of {ROPE_TARGETS}")
+    return "".join(c for c in "qkvo" if c in letters)
+
+
+class Attention(nn.Module):
+    """Attention through ``F.scaled_dot_product_attention``; q/k (and v/o) rotated in as few passes as possible."""
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        qkv_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        rope_targets: str = "qk",
+    ) -> None:
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"embed_dim={dim} is not divisible by num_heads={num_heads}; choose a divisor")
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.rope_targets = parse_rope_targets(rope_targets)
+        # contiguous runs of q, k, v in the qkv projection rotate in a single pass
+        inputs = [i for i, c in enumerate("qkv") if c in self.rope_targets]
+        self._rotate_slice = (
+            (inputs[0], inputs[-1] + 1) if inputs and inputs == list(range(inputs[0], inputs[-1] + 1)) else None
+        )
+        self._rotate_each = inputs if inputs and self._rotate_slice is None else []
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.attn_drop = attn_drop
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def forward(self, x: Tensor, rope: RotaryTable | None = None) -> Tensor:
+        B, N, C = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        if rope is not None and self._rotate_slice is not None:
+            a, b = self._rotate_slice
+            if (a, b) == (0, 3):
+                qkv = apply_rotary(qkv, rope)
+            else:
+                turned = apply_rotary(qkv[a:b], rope).unbind(0)
+                parts = list(qkv.unbind(0))
+                parts[a:b] = turned
+                qkv = parts
+        elif rope is not None and self._rotate_each:
+            parts = list(qkv.unbind(0))
+            for i in self._rotate_each:
+                parts[i] = apply_rotary(parts[i], rope)
+            qkv = parts
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.0)
+        if rope is not None and "o" in self.rope_targets:
+            x = apply_rotary(x, rope, inverse=True)
+        x = x.transpose(1, 2).reshape(B, N, C)
+        return self.proj_drop(self.proj(x))

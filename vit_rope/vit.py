@@ -1,0 +1,583 @@
+"""Vision Transformer whose position embedding is chosen by argument, registered in timm.
+
+A pre-norm ViT with patch embedding, a cls token (optional register tokens) and LayerScale: the DeiT-III trunk
+(Touvron et al. 2022). ``pos_embed`` picks the only part that differs between variants:
+
+* ``"rope"``: axial RoPE (Heo et al., "Rotary Position Embedding for Vision Transformer", ECCV 2024)
+* ``"rope_mixed"``: RoPE-Mixed, learned frequencies per layer and head (same paper)
+* ``"ape"``: learned absolute embedding over the patch grid (resampled bicubically at other sizes)
+* ``"rope_ape"``: both, as RoPE-ViT's "+APE" models
+* ``"sincos"``: fixed 2D sin-cos absolute embedding
+* ``"none"``
+
+Any input whose sides the patch size divides runs without extra arguments: RoPE positions follow the grid and
+APE is resampled with timm's ``resample_abs_pos_embed``. Checkpoints never hold RoPE tables, so they load at
+any size. timm's RoPE ViTs (``vit_*_patch16_rope*_224``) and DeiT-III (``deit3_*_patch16_224``) checkpoints load
+through :func:`checkpoint_filter_fn` with equal outputs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from functools import partial
+from typing import Any
+
+import torch
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from timm.layers import (
+    DropPath,
+    LayerScale,
+    Mlp,
+    PatchEmbed,
+    build_sincos2d_pos_embed,
+    resample_abs_pos_embed,
+    trunc_normal_,
+)
+from timm.layers._fx import register_notrace_function
+from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models._features import feature_take_indices
+from timm.models._manipulate import checkpoint, named_apply
+from timm.models.vision_transformer import init_weights_vit_timm
+from torch import Tensor, nn
+
+from .attention import Attention
+from .rope import RotaryEmbedding, RotaryTable
+
+__all__ = ["VisionTransformer", "checkpoint_filter_fn", "POS_EMBEDS"]
+
+POS_EMBEDS = ("rope", "rope_mixed", "ape", "rope_ape", "sincos", "none")
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block with LayerScale (DeiT-III)."""
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        init_values: float | None = None,
+        proj_drop: float = 0.0,
+        attn_drop: float = 0.0,
+        drop_path: float = 0.0,
+        rope_targets: str = "qk",
+    ) -> None:
+        super().__init__()
+        norm_layer = partial(nn.LayerNorm, eps=1e-6)
+        self.norm1 = norm_layer(dim)
+        self.attn = Attention(dim, num_heads, qkv_bias, attn_drop, proj_drop, rope_targets)
+        self.ls1 = LayerScale(dim, init_values) if init_values else nn.Identity()
+        self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.norm2 = norm_layer(dim)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=nn.GELU, drop=proj_drop)
+        self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
+        self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+
+    def forward(self, x: Tensor, rope: RotaryTable | None = None) -> Tensor:
+        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), rope)))
+        return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+
+
+@register_notrace_function
+def check_image_input(x: Tensor, in_chans: int, patch_size: Sequence[int], pad: bool) -> None:
+    """One clear error for input an image model cannot take."""
+    if x.ndim != 4:
+        hint = " (a video clip? use a vit_rope3d_* model)" if x.ndim == 5 else ""
+        raise ValueError(f"image models take (B, C, H, W) input, got shape {tuple(x.shape)}{hint}")
+    if x.shape[1] != in_chans:
+        raise ValueError(
+            f"input has {x.shape[1]} channels but the model was built with in_chans={in_chans}; "
+            f"pass in_chans={x.shape[1]} to timm.create_model (pretrained patch weights are adapted)"
+        )
+    H, W = x.shape[-2:]
+    if not pad and (H % patch_size[0] or W % patch_size[1]):
+        raise ValueError(
+            f"input size {H}x{W} is not divisible by the patch size {patch_size[0]}x{patch_size[1]}; resize or crop "
+            "to a multiple of it, or create the model with dynamic_img_pad=True to pad instead"
+        )
+
+
+@register_notrace_function
+def rope_table_for(rope: RotaryEmbedding, grid: Sequence[int], x: Tensor) -> RotaryTable:
+    """The rotary table for a token grid, on x's device and in a precision that suits x (cached)."""
+    return rope.table(tuple(grid), device=x.device, dtype=x.dtype)
+
+
+class VisionTransformer(nn.Module):
+    """ViT with a choice of position embedding; timm's model API (forward_features/head/intermediates, ...)."""
+
+    dynamic_img_size: bool = True
+
+    def __init__(
+        self,
+        img_size: int | tuple[int, int] = 224,
+        patch_size: int | tuple[int, int] = 16,
+        in_chans: int = 3,
+        num_classes: int = 1000,
+        global_pool: str = "token",
+        embed_dim: int = 384,
+        depth: int = 12,
+        num_heads: int = 6,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        init_values: float | None = 1e-5,
+        class_token: bool = True,
+        reg_tokens: int = 0,
+        pos_embed: str = "rope",
+        rope_targets: str = "qk",
+        rope_theta: float | None = None,
+        rope_layout: str = "interleaved",
+        rope_axis_dims: Sequence[int] | None = None,
+        rope_fraction: float = 1.0,
+        rope_coords: str = "index",
+        rope_scaling: str = "none",
+        rope_scale: float | Sequence[float] | None = None,
+        rope_shift: float | None = None,
+        rope_jitter: float | None = None,
+        rope_rescale: float | None = None,
+        rope_mixed_per_layer: bool = True,
+        dynamic_img_pad: bool = False,
+        drop_rate: float = 0.0,
+        pos_drop_rate: float = 0.0,
+        proj_drop_rate: float = 0.0,
+        attn_drop_rate: float = 0.0,
+        drop_path_rate: float = 0.0,
+        weight_init: str = "",
+    ) -> None:
+        super().__init__()
+        if pos_embed not in POS_EMBEDS:
+            raise ValueError(f"pos_embed={pos_embed!r}: choose one of {POS_EMBEDS}")
+        if global_pool not in ("", "token", "avg", "max"):
+            raise ValueError(f"global_pool={global_pool!r}: choose '', 'token', 'avg' or 'max'")
+        if global_pool == "token" and not class_token:
+            raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg' without one")
+        if embed_dim % num_heads:
+            raise ValueError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}; choose a divisor")
+        self.num_classes = num_classes
+        self.global_pool = global_pool
+        self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
+        self.num_prefix_tokens = int(class_token) + reg_tokens
+        self.num_reg_tokens = reg_tokens
+        self.has_class_token = class_token
+        self.pos_embed_type = pos_embed
+        self.grad_checkpointing = False
+        self.in_chans = in_chans
+
+        self.patch_embed = self._make_patch_embed(img_size, patch_size, in_chans, embed_dim, dynamic_img_pad)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
+        self.reg_token = nn.Parameter(torch.zeros(1, reg_tokens, embed_dim)) if reg_tokens else None
+        grid = self.patch_embed.grid_size
+        # APE covers the patch grid only (no embedding for prefix tokens), as DeiT-III, so it resamples cleanly
+        self.pos_embed = nn.Parameter(torch.randn(1, math.prod(grid), embed_dim) * 0.02) if "ape" in pos_embed else None
+        self.pos_drop = nn.Dropout(pos_drop_rate)
+
+        head_dim = embed_dim // num_heads
+        self.rope: RotaryEmbedding | None = None
+        self.rope_per_layer = pos_embed == "rope_mixed" and rope_mixed_per_layer
+        if pos_embed.startswith("rope"):
+            try:
+                self.rope = RotaryEmbedding(
+                    head_dim,
+                    axes=len(grid),
+                    theta=rope_theta,
+                    layout=rope_layout,
+                    axis_dims=rope_axis_dims,
+                    rotate_fraction=rope_fraction,
+                    freqs="mixed" if pos_embed == "rope_mixed" else "axial",
+                    num_heads=num_heads,
+                    depth=depth if self.rope_per_layer else None,
+                    num_prefix_tokens=self.num_prefix_tokens,
+                    coords=rope_coords,
+                    scaling=rope_scaling,
+                    scale=rope_scale,
+                    ref_grid=grid,
+                    shift=rope_shift,
+                    jitter=rope_jitter,
+                    rescale=rope_rescale,
+                )
+            except ValueError as e:
+                raise ValueError(
+                    f"head_dim={head_dim} (embed_dim {embed_dim} / {num_heads} heads) does not suit RoPE over "
+                    f"{len(grid)} axes: {e}; change embed_dim/num_heads or rope_axis_dims"
+                ) from e
+        elif rope_targets not in ("qk", "none"):
+            raise ValueError(f"rope_targets={rope_targets!r} needs a RoPE pos_embed, not {pos_embed!r}")
+
+        dpr = torch.linspace(0, drop_path_rate, depth).tolist()
+        self.blocks = nn.ModuleList(
+            Block(
+                embed_dim,
+                num_heads,
+                mlp_ratio,
+                qkv_bias,
+                init_values,
+                proj_drop_rate,
+                attn_drop_rate,
+                dpr[i],
+                rope_targets if self.rope is not None else "none",
+            )
+            for i in range(depth)
+        )
+        self.feature_info = [
+            dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=self._reduction()) for i in range(depth)
+        ]
+        self.norm = nn.LayerNorm(embed_dim, eps=1e-6)
+        self.head_drop = nn.Dropout(drop_rate)
+        self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.init_weights(weight_init)
+
+    # ------------------------------------------------------------------------------------------- building
+    def _make_patch_embed(self, img_size, patch_size, in_chans, embed_dim, dynamic_img_pad) -> nn.Module:
+        return PatchEmbed(
+            img_size=img_size,
+            patch_size=patch_size,
+            in_chans=in_chans,
+            embed_dim=embed_dim,
+            strict_img_size=False,
+            output_fmt="NHWC",
+            dynamic_img_pad=dynamic_img_pad,
+        )
+
+    def _reduction(self) -> int:
+        return max(self.patch_embed.patch_size)
+
+    def init_weights(self, mode: str = "") -> None:
+        if self.pos_embed is not None:
+            trunc_normal_(self.pos_embed, std=0.02)
+        if self.cls_token is not None:
+            nn.init.normal_(self.cls_token, std=1e-6)
+        if self.reg_token is not None:
+            nn.init.normal_(self.reg_token, std=1e-6)
+        named_apply(init_weights_vit_timm, self)
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> set[str]:
+        return {"cls_token", "reg_token", "pos_embed", "rope.freqs"}
+
+    @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
+        return dict(
+            stem=r"^cls_token|^reg_token|^pos_embed|^patch_embed|^rope",
+            blocks=[(r"^blocks\.(\d+)", None), (r"^norm", (99999,))],
+        )
+
+    @torch.jit.ignore
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        self.grad_checkpointing = enable
+
+    @torch.jit.ignore
+    def get_classifier(self) -> nn.Module:
+        return self.head
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        self.num_classes = num_classes
+        if global_pool is not None:
+            if global_pool not in ("", "token", "avg", "max"):
+                raise ValueError(f"global_pool={global_pool!r}: choose '', 'token', 'avg' or 'max'")
+            self.global_pool = global_pool
+        self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+
+    def set_input_size(self, img_size=None, patch_size=None) -> None:
+        """Change the nominal input size (and patch size): APE and the RoPE reference grid follow."""
+        prev_grid = self.patch_embed.grid_size
+        self.patch_embed.set_input_size(img_size=img_size, patch_size=patch_size)
+        grid = self.patch_embed.grid_size
+        if self.pos_embed is not None and tuple(grid) != tuple(prev_grid):
+            new = resample_abs_pos_embed(self.pos_embed, list(grid), list(prev_grid), num_prefix_tokens=0)
+            self.pos_embed = nn.Parameter(new)
+        if self.rope is not None:
+            self.rope.ref_grid = tuple(grid)
+            self.rope.clear_cache()
+        for info in self.feature_info:
+            info["reduction"] = self._reduction()
+
+    # -------------------------------------------------------------------------------------------- forward
+    def _check_input(self, x: Tensor) -> None:
+        check_image_input(x, self.in_chans, self.patch_embed.patch_size, self.patch_embed.dynamic_img_pad)
+
+    def _grid_of(self, x: Tensor) -> tuple[int, ...]:
+        """The token grid of embedded patches (B, *grid, C)."""
+        return tuple(x.shape[1:-1])
+
+    def _absolute_embed(self, grid: Sequence[int], x: Tensor) -> Tensor | None:
+        if self.pos_embed is not None:
+            if tuple(grid) == tuple(self.patch_embed.grid_size):
+                return self.pos_embed
+            return resample_abs_pos_embed(
+                self.pos_embed, list(grid), list(self.patch_embed.grid_size), num_prefix_tokens=0, antialias=False
+            )
+        if self.pos_embed_type == "sincos":
+            return build_sincos2d_pos_embed(list(grid), self.embed_dim, device=x.device).unsqueeze(0).to(x.dtype)
+        return None
+
+    def embed(self, x: Tensor) -> tuple[Tensor, RotaryTable | None, tuple[int, ...]]:
+        """Patchify, add absolute embeddings, prepend prefix tokens; also return the rotary table and the grid."""
+        self._check_input(x)
+        x = self.patch_embed(x)
+        grid = self._grid_of(x)
+        x = x.flatten(1, -2)
+        abs_embed = self._absolute_embed(grid, x)
+        if abs_embed is not None:
+            x = x + abs_embed
+        prefix = [t.expand(x.shape[0], -1, -1) for t in (self.cls_token, self.reg_token) if t is not None]
+        if prefix:
+            x = torch.cat([*prefix, x], dim=1)
+        rope = rope_table_for(self.rope, grid, x) if self.rope is not None else None
+        return self.pos_drop(x), rope, grid
+
+    def _run_block(self, i: int, x: Tensor, rope: RotaryTable | None) -> Tensor:
+        table = rope.layer(i) if (rope is not None and self.rope_per_layer) else rope
+        if self.grad_checkpointing and not torch.jit.is_scripting():
+            return checkpoint(self.blocks[i], x, table)
+        return self.blocks[i](x, table)
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        x, rope, _ = self.embed(x)
+        for i in range(len(self.blocks)):
+            x = self._run_block(i, x, rope)
+        return self.norm(x)
+
+    def pool(self, x: Tensor, pool_type: str | None = None) -> Tensor:
+        pool_type = self.global_pool if pool_type is None else pool_type
+        if pool_type == "token":
+            return x[:, 0]
+        if pool_type == "avg":
+            return x[:, self.num_prefix_tokens :].mean(dim=1)
+        if pool_type == "max":
+            return x[:, self.num_prefix_tokens :].amax(dim=1)
+        return x
+
+    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
+        x = self.head_drop(self.pool(x))
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.forward_head(self.forward_features(x))
+
+    # ---------------------------------------------------------------------------------------- intermediates
+    def forward_intermediates(
+        self,
+        x: Tensor,
+        indices: int | list[int] | None = None,
+        return_prefix_tokens: bool = False,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: str = "NCHW",
+        intermediates_only: bool = False,
+    ) -> list[Tensor] | tuple[Tensor, list[Tensor]]:
+        """Features after the chosen blocks, as ``(B, C, *grid)`` (``NCHW``) or ``(B, N, C)`` (``NLC``)."""
+        if output_fmt not in ("NCHW", "NLC"):
+            raise ValueError(f"output_fmt={output_fmt!r}: choose 'NCHW' or 'NLC'")
+        take_indices, max_index = feature_take_indices(len(self.blocks), indices)
+        B = x.shape[0]
+        x, rope, grid = self.embed(x)
+        last = max_index if stop_early else len(self.blocks) - 1
+        intermediates = []
+        for i in range(last + 1):
+            x = self._run_block(i, x, rope)
+            if i in take_indices:
+                intermediates.append(self.norm(x) if norm else x)
+        prefix = [y[:, : self.num_prefix_tokens] for y in intermediates]
+        spatial = [y[:, self.num_prefix_tokens :] for y in intermediates]
+        if output_fmt == "NCHW":
+            spatial = [y.reshape(B, *grid, -1).movedim(-1, 1).contiguous() for y in spatial]
+        if return_prefix_tokens:
+            spatial = list(zip(spatial, prefix, strict=True))
+        if intermediates_only:
+            return spatial
+        return self.norm(x), spatial
+
+    def prune_intermediate_layers(
+        self, indices: int | list[int] = 1, prune_norm: bool = False, prune_head: bool = True
+    ) -> list[int]:
+        take_indices, max_index = feature_take_indices(len(self.blocks), indices)
+        self.blocks = self.blocks[: max_index + 1]
+        if self.rope is not None and self.rope_per_layer:
+            self.rope.freqs = nn.Parameter(self.rope.freqs[: max_index + 1].detach().clone())
+            self.rope.depth = max_index + 1
+        if prune_norm:
+            self.norm = nn.Identity()
+        if prune_head:
+            self.reset_classifier(0, "")
+        return take_indices
+
+
+# --------------------------------------------------------------------------------------------------- weights
+def checkpoint_filter_fn(state_dict: dict[str, Tensor], model: VisionTransformer) -> dict[str, Tensor]:
+    """Adapt a checkpoint to ``model``: ours at any size/class count, timm's DeiT-III and RoPE ViTs (Eva).
+
+    * timm Eva names ``gamma_1/2`` → ``ls1/2.gamma``; Eva's mixed frequencies ``(2=(x, y), depth, heads, P)`` →
+      ours ``(depth, heads, axes=(row, col), P)``;
+    * APE resampled bicubically to the model's grid (a prefix-token slot, as in classic ViTs, is dropped);
+    * patch embedding resampled to another patch size;
+    * a classifier of another size, or parameters the model lacks, are left to the model's own initialisation.
+    """
+    from timm.layers import resample_patch_embed
+
+    for key in ("model_ema", "state_dict_ema", "model", "state_dict"):
+        if key in state_dict and isinstance(state_dict[key], dict):
+            state_dict = state_dict[key]
+            break
+    own = model.state_dict()
+    out: dict[str, Tensor] = {}
+    for k, v in state_dict.items():
+        k = k.replace("gamma_1", "ls1.gamma").replace("gamma_2", "ls2.gamma")
+        if k == "rope.freqs" and k in own and v.shape != own[k].shape and v.ndim == 4 and v.shape[0] == 2:
+            v = torch.stack((v[1], v[0]), dim=2)  # (x, y) → grid order (row, col)
+        elif k == "pos_embed" and k in own and v.shape != own[k].shape:
+            grid = list(model.patch_embed.grid_size)
+            n = v.shape[1]
+            side = math.isqrt(n)
+            if side * side != n:  # a classic ViT embedding with prefix-token slots
+                prefix = n - math.isqrt(n - 1) ** 2
+                v = v[:, prefix:]
+                side = math.isqrt(v.shape[1])
+            if v.shape[1] != math.prod(grid):
+                v = resample_abs_pos_embed(v, grid, [side, side], num_prefix_tokens=0, antialias=False)
+        elif k == "patch_embed.proj.weight" and k in own and v.shape[-2:] != own[k].shape[-2:]:
+            v = resample_patch_embed(v, list(own[k].shape[-2:]))
+        if k not in own:
+            continue
+        if v.shape != own[k].shape:
+            if k.startswith("head."):
+                continue  # another class count: keep the model's fresh classifier
+            raise ValueError(
+                f"checkpoint tensor {k} has shape {tuple(v.shape)} but the model expects {tuple(own[k].shape)}; "
+                "create the model with the checkpoint's embed_dim/depth/num_heads"
+            )
+        out[k] = v
+    for k, v in own.items():  # what the checkpoint lacks (another pos_embed type, a new head) keeps its init
+        if k not in out and (k.startswith("head.") or k in ("pos_embed", "rope.freqs", "reg_token")):
+            out[k] = v
+    return out
+
+
+def _cfg(hub: str | None = None, **kwargs) -> dict[str, Any]:
+    return dict(
+        url="",
+        hf_hub_id=hub,
+        num_classes=1000,
+        input_size=(3, 224, 224),
+        pool_size=None,
+        crop_pct=0.9,
+        interpolation="bicubic",
+        fixed_input_size=False,
+        mean=IMAGENET_DEFAULT_MEAN,
+        std=IMAGENET_DEFAULT_STD,
+        first_conv="patch_embed.proj",
+        classifier="head",
+        license="apache-2.0",
+        **kwargs,
+    )
+
+
+# Weights published for timm's own models of the same architecture load into ours (checkpoint_filter_fn).
+default_cfgs = generate_default_cfgs(
+    {
+        "vit_rope_tiny": _cfg(),
+        "vit_rope_small.naver_in1k": _cfg("timm/vit_small_patch16_rope_224.naver_in1k"),
+        "vit_rope_base.naver_in1k": _cfg("timm/vit_base_patch16_rope_224.naver_in1k"),
+        "vit_rope_large.naver_in1k": _cfg("timm/vit_large_patch16_rope_224.naver_in1k"),
+        "vit_rope_mixed_tiny": _cfg(),
+        "vit_rope_mixed_small.naver_in1k": _cfg("timm/vit_small_patch16_rope_mixed_224.naver_in1k"),
+        "vit_rope_mixed_base.naver_in1k": _cfg("timm/vit_base_patch16_rope_mixed_224.naver_in1k"),
+        "vit_rope_mixed_large.naver_in1k": _cfg("timm/vit_large_patch16_rope_mixed_224.naver_in1k"),
+        "vit_ape_tiny": _cfg(),
+        "vit_ape_small.fb_in1k": _cfg("timm/deit3_small_patch16_224.fb_in1k"),
+        "vit_ape_base.fb_in1k": _cfg("timm/deit3_base_patch16_224.fb_in1k"),
+        "vit_ape_large.fb_in1k": _cfg("timm/deit3_large_patch16_224.fb_in1k"),
+    }
+)
+
+SIZES = {
+    "tiny": dict(embed_dim=192, depth=12, num_heads=3),
+    "small": dict(embed_dim=384, depth=12, num_heads=6),
+    "base": dict(embed_dim=768, depth=12, num_heads=12),
+    "large": dict(embed_dim=1024, depth=24, num_heads=16),
+}
+
+
+def _create(variant: str, pretrained: bool, size: str, kind: str, **kwargs) -> VisionTransformer:
+    args = dict(patch_size=16, pos_embed=kind, **SIZES[size])
+    return build_model_with_cfg(
+        VisionTransformer,
+        variant,
+        pretrained,
+        pretrained_filter_fn=checkpoint_filter_fn,
+        feature_cfg=dict(out_indices=3, feature_cls="getter"),
+        **dict(args, **kwargs),
+    )
+
+
+@register_model
+def vit_rope_tiny(pretrained: bool = False, **kwargs) -> VisionTransformer:
+    """ViT-Ti/16 with axial RoPE (theta 100)."""
+    return _create("vit_rope_tiny", pretrained, "tiny", "rope", **kwargs)
+
+
+@register_model
+def vit_rope_small(pretrained: bool = False, **kwargs) -> VisionTransformer:
+    """ViT-S/16 with axial RoPE (theta 100); weights of timm's vit_small_patch16_rope_224 (RoPE-ViT, Naver)."""
+    return _create("vit_rope_small", pretrained, "small", "rope", **kwargs)
+
+
+@register_model
+def vit_rope_base(pretrained: bool = False, **kwargs) -> VisionTransformer:
+    """ViT-B/16 with axial RoPE (theta 100); weights of timm's vit_base_patch16_rope_224."""
+    return _create("vit_rope_base", pretrained, "base", "rope", **kwargs)
+
+
+@register_model
+def vit_rope_large(pretrained: bool = False, **kwargs) -> VisionTransformer:
+    """ViT-L/16 with axial RoPE (theta 100); weights of timm's vit_large_patch16_rope_224."""
+    return _create("vit_rope_large", pretrained, "large", "rope", **kwargs)
+
+
+@register_model
+def vit_rope_mixed_tiny(pretrained: bool = False, **kwargs) -> VisionTransformer:
+    """ViT-Ti/16 with RoPE-Mixed (learned frequencies per layer and head)."""
+    return _create("vit_rope_mixed_tiny", pretrained, "tiny", "rope_mixed", **kwargs)
+
+
+@register_model
+def vit_rope_mixed_small(pretrained: bool = False, **kwargs) -> VisionTransformer:
+    """ViT-S/16 with RoPE-Mixed; weights of timm's vit_small_patch16_rope_mixed_224."""
+    return _create("vit_rope_mixed_small", pretrained, "small", "rope_mixed", **kwargs)
+
+
+@register_model
+def vit_rope_mixed_base(pretrained: bool = False, **kwargs) -> VisionTransformer:
+    """ViT-B/16 with RoPE-Mixed; weights of timm's vit_base_patch16_rope_mixed_224."""
+    return _create("vit_rope_mixed_base", pretrained, "base", "rope_mixed", **kwargs)
+
+
+@register_model
+def vit_rope_mixed_large(pretrained: bool = False, **kwargs) -> VisionTransformer:
+    """ViT-L/16 with RoPE-Mixed; weights of timm's vit_large_patch16_rope_mixed_224."""
+    return _create("vit_rope_mixed_large", pretrained, "large", "rope_mixed", **kwargs)
+
+
+@register_model
+def vit_ape_tiny(pretrained: bool = False, **kwargs) -> VisionTransformer:
+    """ViT-Ti/16 with a learned absolute embedding: the APE baseline on the same trunk."""
+    return _create("vit_ape_tiny", pretrained, "tiny", "ape", **kwargs)
+
+
+@register_model
+def vit_ape_small(pretrained: bool = False, **kwargs) -> VisionTransformer:
+    """ViT-S/16 with learned APE; weights of timm's deit3_small_patch16_224 (DeiT-III)."""
+    return _create("vit_ape_small", pretrained, "small", "ape", **kwargs)
+
+
+@register_model
+def vit_ape_base(pretrained: bool = False, **kwargs) -> VisionTransformer:
+    """ViT-B/16 with learned APE; weights of timm's deit3_base_patch16_224."""
+    return _create("vit_ape_base", pretrained, "base", "ape", **kwargs)
+
+
+@register_model
+def vit_ape_large(pretrained: bool = False, **kwargs) -> VisionTransformer:
+    """ViT-L/16 with learned APE; weights of timm's deit3_large_patch16_224."""
+    return _create("vit_ape_large", pretrained, "large", "ape", **kwargs)
