@@ -37,8 +37,8 @@ __all__ = ["RotaryEmbedding", "RotaryTable", "apply_rotary"]
 
 Layout = Literal["interleaved", "half"]
 Coords = Literal["index", "normalized"]
-Scaling = Literal["none", "pi", "ntk", "yarn"]
-SCALING_MODES: tuple[str, ...] = ("none", "pi", "ntk", "yarn")
+Scaling = Literal["none", "pi", "ntk", "yarn", "normalized"]
+SCALING_MODES: tuple[str, ...] = ("none", "pi", "ntk", "yarn", "normalized")
 _CACHE_SIZE = 16
 
 
@@ -185,7 +185,9 @@ class RotaryEmbedding(nn.Module):
         coords: ``"index"`` (integer patch indices) or ``"normalized"`` (patch centres in [-1, 1] per axis,
             times 2π as in DINOv3, so coordinates do not depend on the resolution).
         scaling: extrapolation mode for grids larger than ``ref_grid``: ``"none"``, ``"pi"`` (coordinates / s),
-            ``"ntk"`` (``theta · s ** (d / (d - 2))`` per section of d channels) or ``"yarn"``.
+            ``"ntk"`` (``theta · s ** (d / (d - 2))`` per section of d channels), ``"yarn"``, or ``"normalized"``
+            (patch centres of any grid, larger or smaller, mapped onto the extent of ``ref_grid``; a no-op for
+            ``coords="normalized"``, which is resolution-independent already).
         scale: scale factor s (scalar or per axis). ``None`` derives it per axis from the grid:
             ``s = max(n / ref_n, 1)``.
         ref_grid: the training grid (for derived scales and YaRN's original length).
@@ -293,6 +295,13 @@ class RotaryEmbedding(nn.Module):
             raise ValueError(f"scaling={scaling!r} needs a scale factor or ref_grid (the training grid) to derive one")
         if scaling == "yarn" and getattr(self, "ref_grid", None) is None:
             raise ValueError("scaling='yarn' needs ref_grid (the training grid): its ramp is measured against it")
+        if scaling in ("ntk", "yarn") and getattr(self, "freqs_mode", "axial") == "mixed":
+            raise ValueError(
+                f"scaling={scaling!r} rescales a fixed frequency ladder; learned mixed frequencies have none: "
+                "use 'pi' or 'normalized'"
+            )
+        if scaling == "normalized" and getattr(self, "ref_grid", None) is None:
+            raise ValueError("scaling='normalized' needs ref_grid (the training grid) to map coordinates onto")
         self.scaling = scaling
         self.scale = None if scale is None else _as_tuple(scale, self.axes, "scale")
         if self.scale is not None and min(self.scale) <= 0:
@@ -433,6 +442,12 @@ class RotaryEmbedding(nn.Module):
                 coords = positions.to(device=device, dtype=calc)
             if self.scaling == "pi":
                 coords = coords / torch.tensor(scales, device=device, dtype=calc)
+            elif self.scaling == "normalized" and grid is not None and self.coords == "index":
+                # patch centres (i + 0.5) / n of this grid placed at the same fraction of the reference grid
+                ratio = torch.tensor(
+                    [r / n for r, n in zip(self.ref_grid, grid, strict=True)], device=device, dtype=calc
+                )
+                coords = (coords + 0.5) * ratio - 0.5
             if self.augment:
                 coords = self._augment(coords)
             if self.freqs is None:

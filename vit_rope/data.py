@@ -1,0 +1,249 @@
+"""Datasets for training and evaluation: built-in procedural scenes and clips, torchvision sets, folders.
+
+Built-in data needs no download and is rendered *natively* at any resolution from continuous scene parameters
+(deterministic by seed and index), so a model can be evaluated on the same scenes drawn at sizes it never saw.
+
+* ``synthetic``: a disc and a square on a textured background; the class is the compass direction (8 sectors)
+  of the square as seen from the disc. Texture and colours carry no label: only the spatial arrangement does,
+  so position embeddings matter.
+* ``synthetic_video``: a disc moving in one of 8 directions; every frame alone is ambiguous and a clip played
+  backwards has the opposite label, so the model needs time order.
+
+Video datasets yield float clips ``(C, T, H, W)`` in [0, 1] normalised by mean/std. Your own clips
+(``--dataset clipfolder``): ``root/{train,val}/<class>/<clip>/`` with the frames of a clip as image files whose
+sorted names give their order (e.g. ``ffmpeg -i v.mp4 clip/%05d.jpg``); clips are resized to the model size
+and ``num_frames`` frames are sampled evenly.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from torch import Tensor
+from torch.utils.data import Dataset
+
+IMAGE_DATASETS = ("synthetic", "cifar10", "cifar100", "mnist", "fashion_mnist", "imagefolder")
+VIDEO_DATASETS = ("synthetic_video", "clipfolder")
+DIRECTIONS = ("E", "NE", "N", "NW", "W", "SW", "S", "SE")
+
+
+def _grid(h: int, w: int) -> tuple[Tensor, Tensor]:
+    """Pixel centres in [0, 1]: the scene is continuous, the raster is only how it is drawn."""
+    y = (torch.arange(h, dtype=torch.float32) + 0.5) / h
+    x = (torch.arange(w, dtype=torch.float32) + 0.5) / w
+    return torch.meshgrid(y, x, indexing="ij")
+
+
+def _soft(sdf: Tensor, pixel: float) -> Tensor:
+    """Anti-aliased coverage of a shape from its signed distance (negative inside), one pixel wide."""
+    return (0.5 - sdf / pixel).clamp(0.0, 1.0)
+
+
+def _background(g: torch.Generator, y: Tensor, x: Tensor) -> Tensor:
+    """A smooth random colour field with random stripes: texture without a label."""
+    c0, c1 = torch.rand(3, generator=g) * 0.5, torch.rand(3, generator=g) * 0.5
+    a = torch.rand(1, generator=g).item() * 2 * math.pi
+    t = (x * math.cos(a) + y * math.sin(a) + 1) / 2
+    freq, phase = 4 + 12 * torch.rand(1, generator=g).item(), torch.rand(1, generator=g).item() * 2 * math.pi
+    b = torch.rand(1, generator=g).item() * 2 * math.pi
+    stripes = 0.08 * torch.sin(freq * 2 * math.pi * (x * math.cos(b) + y * math.sin(b)) + phase)
+    return c0[:, None, None] * (1 - t) + c1[:, None, None] * t + stripes
+
+
+class SyntheticScenes(Dataset):
+    """A disc and a square; label = direction of the square from the disc (8 classes). Native at any size."""
+
+    num_classes = len(DIRECTIONS)
+
+    def __init__(
+        self, size: int, img_size: int | Sequence[int], seed: int = 0, split: str = "train", transform=None
+    ) -> None:
+        self.size = size
+        self.img_size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
+        self.seed = seed + (0 if split == "train" else 1_000_003)
+        self.transform = transform
+        self.classes = list(DIRECTIONS)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def scene(self, index: int) -> tuple[dict, int]:
+        g = torch.Generator().manual_seed(self.seed * 7_919 + index)
+        label = int(torch.randint(len(DIRECTIONS), (1,), generator=g))
+        angle = (label + torch.rand(1, generator=g).item() * 0.8 + 0.1 - 0.5) * 2 * math.pi / len(DIRECTIONS)
+        dist = 0.28 + 0.2 * torch.rand(1, generator=g).item()
+        r, half = 0.07 + 0.05 * torch.rand(2, generator=g)
+        # the midpoint is placed so that both shapes stay inside the frame
+        dx, dy = dist * math.cos(angle) / 2, -dist * math.sin(angle) / 2  # image y grows downwards
+        margin_x = abs(dx) + max(r.item(), half.item()) + 0.02
+        margin_y = abs(dy) + max(r.item(), half.item()) + 0.02
+        mx = margin_x + (1 - 2 * margin_x) * torch.rand(1, generator=g).item()
+        my = margin_y + (1 - 2 * margin_y) * torch.rand(1, generator=g).item()
+        colors = torch.rand(2, 3, generator=g) * 0.5 + 0.5
+        params = dict(
+            disc=(mx - dx, my - dy, r.item()),
+            square=(mx + dx, my + dy, half.item()),
+            colors=colors,
+            g_state=g.get_state(),
+        )
+        return params, label
+
+    def render(self, index: int, size: Sequence[int] | None = None) -> tuple[Tensor, int]:
+        """The scene as a float image (3, H, W) in [0, 1], drawn natively at ``size``."""
+        h, w = size or self.img_size
+        p, label = self.scene(index)
+        g = torch.Generator()
+        g.set_state(p["g_state"])
+        y, x = _grid(h, w)
+        img = _background(g, y, x)
+        pixel = 1.0 / min(h, w)
+        cx, cy, r = p["disc"]
+        disc = _soft(torch.sqrt((x - cx) ** 2 + (y - cy) ** 2) - r, pixel)
+        sx, sy, a = p["square"]
+        square = _soft(torch.maximum((x - sx).abs(), (y - sy).abs()) - a, pixel)
+        for mask, color in ((disc, p["colors"][0]), (square, p["colors"][1])):
+            img = img * (1 - mask) + color[:, None, None] * mask
+        return img.clamp(0, 1), label
+
+    def __getitem__(self, index: int):
+        img, label = self.render(index)
+        if self.transform is None:
+            return img, label
+        pil = Image.fromarray((img.permute(1, 2, 0) * 255).round().to(torch.uint8).numpy())
+        return self.transform(pil), label
+
+
+class SyntheticMotion(Dataset):
+    """A disc moving in one of 8 directions over ``num_frames`` frames; label = direction. Native at any size."""
+
+    num_classes = len(DIRECTIONS)
+
+    def __init__(self, size, img_size, num_frames=8, seed=0, split="train", mean=(0.5,) * 3, std=(0.5,) * 3):
+        self.size, self.num_frames = size, num_frames
+        self.img_size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
+        self.seed = seed + (0 if split == "train" else 1_000_003)
+        self.mean, self.std = torch.tensor(mean)[:, None, None, None], torch.tensor(std)[:, None, None, None]
+        self.classes = list(DIRECTIONS)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def render(self, index: int, size: Sequence[int] | None = None, num_frames: int | None = None):
+        h, w = size or self.img_size
+        T = num_frames or self.num_frames
+        g = torch.Generator().manual_seed(self.seed * 7_919 + index)
+        label = int(torch.randint(len(DIRECTIONS), (1,), generator=g))
+        angle = (label + torch.rand(1, generator=g).item() * 0.8 + 0.1 - 0.5) * 2 * math.pi / len(DIRECTIONS)
+        travel, r = 0.4 + 0.2 * torch.rand(1, generator=g).item(), 0.08 + 0.04 * torch.rand(1, generator=g).item()
+        dx, dy = travel * math.cos(angle), -travel * math.sin(angle)
+        x0 = r + 0.02 + max(-dx, 0) + (1 - 2 * r - 0.04 - abs(dx)) * torch.rand(1, generator=g).item()
+        y0 = r + 0.02 + max(-dy, 0) + (1 - 2 * r - 0.04 - abs(dy)) * torch.rand(1, generator=g).item()
+        color = torch.rand(3, generator=g) * 0.5 + 0.5
+        y, x = _grid(h, w)
+        bg = _background(g, y, x)
+        frames = []
+        for t in range(T):
+            f = t / max(T - 1, 1)
+            mask = _soft(torch.sqrt((x - x0 - f * dx) ** 2 + (y - y0 - f * dy) ** 2) - r, 1.0 / min(h, w))
+            frames.append(bg * (1 - mask) + color[:, None, None] * mask)
+        return torch.stack(frames, dim=1).clamp(0, 1), label  # (C, T, H, W)
+
+    def __getitem__(self, index: int):
+        clip, label = self.render(index)
+        return (clip - self.mean) / self.std, label
+
+
+class ClipFolder(Dataset):
+    """``root/<class>/<clip>/<frames>`` → normalised clips (C, T, H, W); ``T`` frames sampled evenly."""
+
+    EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
+
+    def __init__(self, root, img_size, num_frames, mean, std):
+        if not os.path.isdir(root):
+            raise FileNotFoundError(f"clip folder {root!r} does not exist; expected root/<class>/<clip>/<frames>")
+        self.classes = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
+        self.samples = []
+        for i, c in enumerate(self.classes):
+            clips = sorted(os.listdir(os.path.join(root, c)))
+            if not clips:
+                raise ValueError(f"class folder {os.path.join(root, c)!r} has no clips; remove it or add clips")
+            self.samples += [(os.path.join(root, c, clip), i) for clip in clips]
+        if not self.samples:
+            raise ValueError(f"{root!r} has no class folders with clips")
+        self.img_size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
+        self.num_frames = num_frames
+        self.mean, self.std = torch.tensor(mean)[:, None, None, None], torch.tensor(std)[:, None, None, None]
+
+    def __len__(self):
+        return len(self.samples)
+
+    def __getitem__(self, index):
+        path, label = self.samples[index]
+        frames = sorted(f for f in os.listdir(path) if f.lower().endswith(self.EXTENSIONS))
+        if not frames:
+            raise ValueError(f"clip {path!r} has no frames ({', '.join(self.EXTENSIONS)})")
+        pick = torch.linspace(0, len(frames) - 1, self.num_frames).round().long().tolist()
+        out = []
+        for i in pick:
+            try:
+                img = Image.open(os.path.join(path, frames[i])).convert("RGB")
+            except OSError as e:
+                raise ValueError(f"cannot read frame {os.path.join(path, frames[i])!r}: {e}") from e
+            t = torch.from_numpy(__import__("numpy").asarray(img).copy()).permute(2, 0, 1).float() / 255
+            out.append(
+                F.interpolate(t[None], size=self.img_size, mode="bilinear", antialias=True, align_corners=False)[0]
+            )
+        clip = torch.stack(out, dim=1)
+        return (clip - self.mean) / self.std, label
+
+
+class CheckedImageFolder(Dataset):
+    """torchvision's ImageFolder with one clear error for empty class folders and unreadable images."""
+
+    def __init__(self, root: str, transform: Callable | None = None) -> None:
+        from torchvision.datasets import ImageFolder
+        from torchvision.datasets.folder import IMG_EXTENSIONS
+
+        if not os.path.isdir(root):
+            raise FileNotFoundError(f"image folder {root!r} does not exist; expected root/<class>/<images>")
+        for c in sorted(os.listdir(root)):
+            d = os.path.join(root, c)
+            if os.path.isdir(d) and not any(f.lower().endswith(IMG_EXTENSIONS) for f in os.listdir(d)):
+                raise ValueError(
+                    f"class folder {d!r} has no images ({', '.join(IMG_EXTENSIONS)}); add some or remove it"
+                )
+        self.inner = ImageFolder(root, transform=transform)
+        self.classes = self.inner.classes
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, index: int):
+        path = self.inner.samples[index][0]
+        try:
+            return self.inner[index]
+        except OSError as e:  # PIL's UnidentifiedImageError is an OSError
+            raise ValueError(f"cannot read image {path!r}: {e}; delete or replace the file") from e
+
+
+def torchvision_dataset(name: str, root: str, train: bool, transform) -> Dataset:
+    """CIFAR-10/100, MNIST, Fashion-MNIST through torchvision (downloaded into ``root`` on first use)."""
+    import torchvision.datasets as tvd
+
+    cls = {"cifar10": tvd.CIFAR10, "cifar100": tvd.CIFAR100, "mnist": tvd.MNIST, "fashion_mnist": tvd.FashionMNIST}[
+        name
+    ]
+    gray = name in ("mnist", "fashion_mnist")
+    tf = transform if not gray else (lambda im: transform(im.convert("RGB")))
+    try:
+        return cls(root, train=train, transform=tf, download=True)
+    except (OSError, RuntimeError) as e:
+        raise RuntimeError(
+            f"could not download {name} into {root!r} ({e}); without network access, put the dataset files there "
+            "yourself (torchvision's layout) or use --dataset synthetic"
+        ) from e
