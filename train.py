@@ -18,6 +18,7 @@ import csv
 import json
 import os
 import random
+import re
 import sys
 import time
 from pathlib import Path
@@ -48,7 +49,7 @@ HERE = Path(__file__).resolve().parent
 DEFAULTS: dict = dict(
     dataset="synthetic",
     data_dir="data",
-    models=["vit_ape_tiny", "vit_rope_tiny"],
+    models=["vit_ape_tiny", "vit_rope_tiny"],  # name or name:key=value,... (per-model kwargs)
     model_kwargs={},
     img_size=32,
     num_frames=8,
@@ -105,8 +106,11 @@ def _kv(text: str) -> tuple[str, object]:
     return k, yaml.safe_load(v)
 
 
-def parse_config(argv: list[str] | None = None) -> dict:
-    """YAML config (``--config``) overridden by flags; every key is a flag (``eval_sizes`` → ``--eval-sizes``)."""
+def parse_config(argv: list[str] | None = None) -> tuple[dict, set[str]]:
+    """YAML config (``--config``) overridden by flags; every key is a flag (``eval_sizes`` → ``--eval-sizes``).
+
+    Returns the config and the keys given as flags (they also override a resumed run's saved config).
+    """
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config", default=str(HERE / "configs" / "default.yaml"))
     known, rest = pre.parse_known_args(argv)
@@ -136,7 +140,8 @@ def parse_config(argv: list[str] | None = None) -> dict:
     args = vars(parser.parse_args(rest))
     args.pop("pretrained_flag_help")
     args["model_kwargs"] = {**cfg["model_kwargs"], **dict(args["model_kwargs"] or [])}
-    return args
+    given = {a.split("=")[0][2:].replace("-", "_").removeprefix("no_") for a in rest if a.startswith("--")}
+    return args, given & set(DEFAULTS)
 
 
 # ---------------------------------------------------------------------------------------------- distributed
@@ -293,8 +298,19 @@ def num_classes_of(cfg: dict) -> int | None:
 
 
 # ----------------------------------------------------------------------------------------------------- model
-def build_model(cfg: dict, name: str, num_classes: int):
-    kwargs = dict(cfg["model_kwargs"])
+def split_spec(spec: str) -> tuple[str, dict]:
+    """``name[:key=value,key=value]``: a registered model with its own overrides of ``model_kwargs``."""
+    name, _, rest = spec.partition(":")
+    return name, dict(_kv(p) for p in rest.split(",") if p)
+
+
+def build_model(cfg: dict, spec: str, num_classes: int):
+    name, own = split_spec(spec)
+    if name not in timm.list_models():
+        raise SystemExit(
+            f"error: unknown model {name!r}; registered: {timm.list_models('vit_r*') + timm.list_models('vit_ape*')}"
+        )
+    kwargs = {**cfg["model_kwargs"], **own}
     kwargs.setdefault("img_size", cfg["img_size"])
     if is_video(cfg):
         kwargs.setdefault("num_frames", cfg["num_frames"])
@@ -426,7 +442,7 @@ def train_model(cfg: dict, name: str, tag: str, out: Path, device, rank: int, wo
     )
     ema = ModelEmaV3(model, decay=cfg["ema_decay"]) if cfg["ema"] else None
 
-    ckpt_path, start = out / tag / "checkpoint.pt", 0
+    ckpt_path, start = model_dir(out, tag) / "checkpoint.pt", 0
     if cfg["resume"] and ckpt_path.exists():
         state = torch.load(ckpt_path, map_location=device, weights_only=False)
         model.load_state_dict(state["model"])
@@ -503,15 +519,20 @@ def train_model(cfg: dict, name: str, tag: str, out: Path, device, rank: int, wo
                 epoch=epoch,
                 rng=rng_state(),
             )
-            (out / tag).mkdir(parents=True, exist_ok=True)
+            model_dir(out, tag).mkdir(parents=True, exist_ok=True)
             weights = {k: v.detach().cpu().contiguous() for k, v in eval_model.state_dict().items()}
-            atomic_write(out / tag / "model.safetensors", save_file, weights)
+            atomic_write(model_dir(out, tag) / "model.safetensors", save_file, weights)
             atomic_write(ckpt_path, torch.save, state)
         if dist.is_initialized():
             dist.barrier()
     if ema is not None:
         model.load_state_dict(ema.module.state_dict())
     return model, eval_set
+
+
+def model_dir(out: Path, tag: str) -> Path:
+    """A filesystem-safe folder per model spec (``name:k=v`` → ``name__k=v``)."""
+    return out / re.sub(r"[^\w.=-]", "_", tag.replace(":", "__"))
 
 
 def append_csv(path: Path, row: dict) -> None:
@@ -619,11 +640,12 @@ def write_results(rows: list[dict], out: Path, cfg: dict) -> None:
 
 # ------------------------------------------------------------------------------------------------------ main
 def main(argv: list[str] | None = None) -> list[dict]:
-    cfg = parse_config(argv)
+    cfg, given = parse_config(argv)
     out = Path(cfg["output"])
     if cfg["resume"] and (out / "config.yaml").exists():
+        # the interrupted run's resolved config, with what this command line sets explicitly on top
         saved = yaml.safe_load((out / "config.yaml").read_text())
-        saved.update(resume=True, device=cfg["device"], workers=cfg["workers"])
+        saved.update({k: cfg[k] for k in given | {"resume", "output"}})
         cfg = saved
     device, rank, world = setup_distributed(cfg)
     if device.type == "cpu" and world == 1 and os.environ.get("OMP_NUM_THREADS") is None:
@@ -637,7 +659,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     tags = [m if cfg["models"].count(m) == 1 else f"{m}_{i}" for i, m in enumerate(cfg["models"])]
     rows: list[dict] = []
     for name, tag in zip(cfg["models"], tags, strict=True):
-        done = out / tag / "results.json"
+        done = model_dir(out, tag) / "results.json"
         if cfg["resume"] and done.exists():
             rows += json.loads(done.read_text())
             if rank == 0:
@@ -647,7 +669,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         model_rows = evaluate_sizes(cfg, model, tag, eval_set, device, rank, world)
         rows += model_rows
         if rank == 0:
-            (out / tag).mkdir(parents=True, exist_ok=True)
+            done.parent.mkdir(parents=True, exist_ok=True)
             atomic_write(done, write_json, model_rows)
             print(
                 f"[{tag}] "
