@@ -122,7 +122,8 @@ def test_finetune_from_checkpoint_with_other_classes_and_size(tmp_path):
     again = train.main([
         *TINY, "--models", "vit_ape_tiny", "--dataset", "imagefolder", "--data-dir", str(tmp_path / "folder"),
         "--img-size", "24", "--eval-sizes", "24", "--eval-only",
-        "--initial-checkpoint", str(tmp_path / "ft" / "vit_ape_tiny" / "model.safetensors"), "--output", str(tmp_path / "ev"),
+        "--initial-checkpoint", str(tmp_path / "ft" / "vit_ape_tiny" / "model.safetensors"),
+        "--output", str(tmp_path / "ev"),
     ])  # fmt: skip
     assert again[0]["top1"] == rows[0]["top1"] and again[0]["loss"] == rows[0]["loss"]
 
