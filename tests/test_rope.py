@@ -307,6 +307,19 @@ def test_yarn_ramp_and_temperature():
     torch.testing.assert_close(rope.table((16, 16), dtype=F64).sin, unscaled.sin, rtol=0, atol=0)
 
 
+def test_normalized_scaling_maps_any_grid_onto_the_training_extent():
+    """Patch centres of a 4x16 grid land at the same fractions of the 8x8 training grid as its own centres."""
+    rope = RotaryEmbedding(16, axes=2, scaling="normalized", ref_grid=(8, 8))
+    plain = RotaryEmbedding(16, axes=2)
+    rows = (torch.arange(4.0, dtype=F64) + 0.5) * 8 / 4 - 0.5
+    cols = (torch.arange(16.0, dtype=F64) + 0.5) * 8 / 16 - 0.5
+    pos = torch.cartesian_prod(rows, cols)
+    torch.testing.assert_close(rope.table((4, 16), dtype=F64).sin, plain.table(positions=pos, dtype=F64).sin)
+    torch.testing.assert_close(rope.table((8, 8), dtype=F64).sin, plain.table((8, 8), dtype=F64).sin)  # identity
+    with pytest.raises(ValueError, match="learned mixed frequencies have none"):
+        RotaryEmbedding(16, axes=2, freqs="mixed", num_heads=2, scaling="ntk", scale=2.0)
+
+
 def test_per_axis_scale_is_decoupled():
     rope = RotaryEmbedding(16, axes=2, scaling="pi", ref_grid=(4, 4))
     assert rope._scales((8, 4)) == (2.0, 1.0)

@@ -3,9 +3,9 @@
 Built-in data needs no download and is rendered *natively* at any resolution from continuous scene parameters
 (deterministic by seed and index), so a model can be evaluated on the same scenes drawn at sizes it never saw.
 
-* ``synthetic``: a disc and a square on a textured background; the class is the compass direction (8 sectors)
-  of the square as seen from the disc. Texture and colours carry no label: only the spatial arrangement does,
-  so position embeddings matter.
+* ``synthetic``: a warm-coloured disc and a cool-coloured square on a dark textured background; the class is the
+  compass direction (8 sectors) of the square as seen from the disc. Texture and shades carry no label: only the
+  spatial arrangement does, so position embeddings matter.
 * ``synthetic_video``: a disc moving in one of 8 directions; every frame alone is ambiguous and a clip played
   backwards has the opposite label, so the model needs time order.
 
@@ -46,7 +46,7 @@ def _soft(sdf: Tensor, pixel: float) -> Tensor:
 
 def _background(g: torch.Generator, y: Tensor, x: Tensor) -> Tensor:
     """A smooth random colour field with random stripes: texture without a label."""
-    c0, c1 = torch.rand(3, generator=g) * 0.5, torch.rand(3, generator=g) * 0.5
+    c0, c1 = torch.rand(3, generator=g) * 0.35, torch.rand(3, generator=g) * 0.35
     a = torch.rand(1, generator=g).item() * 2 * math.pi
     t = (x * math.cos(a) + y * math.sin(a) + 1) / 2
     freq, phase = 4 + 12 * torch.rand(1, generator=g).item(), torch.rand(1, generator=g).item() * 2 * math.pi
@@ -84,7 +84,12 @@ class SyntheticScenes(Dataset):
         margin_y = abs(dy) + max(r.item(), half.item()) + 0.02
         mx = margin_x + (1 - 2 * margin_x) * torch.rand(1, generator=g).item()
         my = margin_y + (1 - 2 * margin_y) * torch.rand(1, generator=g).item()
-        colors = torch.rand(2, 3, generator=g) * 0.5 + 0.5
+        # which object is which is easy to see (a warm disc, a cool square, random shades); the label is only in
+        # where they are relative to each other
+        shade = torch.rand(2, 3, generator=g) * 0.3
+        colors = torch.stack(
+            [torch.tensor([1.0, 0.35, 0.2]) - shade[0] * 0.5, torch.tensor([0.2, 0.55, 1.0]) - shade[1] * 0.5]
+        )
         params = dict(
             disc=(mx - dx, my - dy, r.item()),
             square=(mx + dx, my + dy, half.item()),
