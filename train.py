@@ -111,7 +111,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[dict, set[str]]:
 
     Returns the config and the keys given as flags (they also override a resumed run's saved config).
     """
-    pre = argparse.ArgumentParser(add_help=False)
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--config", default=str(HERE / "configs" / "default.yaml"))
     known, rest = pre.parse_known_args(argv)
     cfg = dict(DEFAULTS)
@@ -124,7 +124,9 @@ def parse_config(argv: list[str] | None = None) -> tuple[dict, set[str]]:
         raise SystemExit(f"error: unknown config key(s) {unknown} in {known.config}; valid keys: {sorted(DEFAULTS)}")
     cfg.update(loaded)
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
     parser.add_argument("--config", default=known.config, help="YAML config whose keys the flags below override")
     for key, default in DEFAULTS.items():
         flag = "--" + key.replace("_", "-")
@@ -140,8 +142,12 @@ def parse_config(argv: list[str] | None = None) -> tuple[dict, set[str]]:
     args = vars(parser.parse_args(rest))
     args.pop("pretrained_flag_help")
     args["model_kwargs"] = {**cfg["model_kwargs"], **dict(args["model_kwargs"] or [])}
-    given = {a.split("=")[0][2:].replace("-", "_").removeprefix("no_") for a in rest if a.startswith("--")}
-    return args, given & set(DEFAULTS)
+    given = set()
+    for a in rest:
+        key = a.split("=")[0][2:].replace("-", "_")
+        if a.startswith("--") and (key in DEFAULTS or key.removeprefix("no_") in DEFAULTS):
+            given.add(key if key in DEFAULTS else key.removeprefix("no_"))
+    return args, given
 
 
 # ---------------------------------------------------------------------------------------------- distributed
@@ -346,11 +352,14 @@ def write_json(obj, path: str) -> None:
 
 
 def rng_state() -> dict:
-    return dict(torch=torch.get_rng_state(), python=random.getstate(), numpy=np.random.get_state())
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    return dict(torch=torch.get_rng_state(), cuda=cuda, python=random.getstate(), numpy=np.random.get_state())
 
 
 def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
 
@@ -410,6 +419,7 @@ def train_model(cfg: dict, name: str, tag: str, out: Path, device, rank: int, wo
             raise SystemExit("error: --eval-only needs --initial-checkpoint PATH or --pretrained")
         return model, eval_set
     ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    seed_everything(cfg["seed"] + rank)  # same weights on every rank (DDP syncs them), own dropout/mixup draws
     optimizer = create_optimizer_v2(model, cfg["opt"], lr=cfg["lr"], weight_decay=cfg["weight_decay"])
     steps = max(len(train_ds) // world // cfg["batch_size"], 1)
     scheduler, _ = create_scheduler_v2(
@@ -444,7 +454,7 @@ def train_model(cfg: dict, name: str, tag: str, out: Path, device, rank: int, wo
 
     ckpt_path, start = model_dir(out, tag) / "checkpoint.pt", 0
     if cfg["resume"] and ckpt_path.exists():
-        state = torch.load(ckpt_path, map_location=device, weights_only=False)
+        state = torch.load(ckpt_path, map_location="cpu", weights_only=False)  # RNG states must stay on the CPU
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
@@ -652,9 +662,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
         torch.set_num_threads(os.cpu_count() or 1)
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
-        if not cfg["resume"]:
+        if not cfg["resume"]:  # a fresh run: nothing of an earlier run in this folder may be resumed later
             for stale in ("log.csv", "results.csv", "results.md"):
                 (out / stale).unlink(missing_ok=True)
+            for spec in cfg["models"]:
+                for i in range(len(cfg["models"])):
+                    for tag in (spec, f"{spec}_{i}"):
+                        for stale in ("checkpoint.pt", "results.json"):
+                            (model_dir(out, tag) / stale).unlink(missing_ok=True)
         (out / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     tags = [m if cfg["models"].count(m) == 1 else f"{m}_{i}" for i, m in enumerate(cfg["models"])]
     rows: list[dict] = []

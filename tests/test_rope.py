@@ -450,3 +450,42 @@ def test_bad_calls():
 def test_table_type_is_public():
     t = RotaryEmbedding(8, axes=1).table((3,))
     assert isinstance(t, RotaryTable) and t.cos.shape == (3, 4) and t.num_tokens == 3
+
+
+# ------------------------------------------------------------------------------------ regressions (review)
+def test_mixed_frequencies_with_unrotated_channels():
+    """64 channels over 3 axes rotate 60: the 4 left over stay unrotated with learned frequencies too."""
+    rope = RotaryEmbedding(64, axes=3, freqs="mixed", num_heads=2)
+    x = torch.randn(1, 2, 8, 64)
+    y = rope(x, grid=(2, 2, 2))
+    torch.testing.assert_close(y[..., 60:], x[..., 60:], rtol=0, atol=0)
+    assert not torch.allclose(y[..., :60], x[..., :60])
+
+
+def test_normalized_coords_shift_in_unit_coordinates_and_ignore_scaling():
+    """DINOv3 shifts in [-1, 1] units before the 2π factor; grid-size scaling leaves such coordinates alone."""
+    torch.manual_seed(0)
+    rope = RotaryEmbedding(8, axes=1, coords="normalized", shift=1.0).train()
+    t = rope.table((4,), dtype=F64)
+    step = torch.atan2(t.sin[:, 0], t.cos[:, 0]).diff().remainder(2 * math.pi)
+    torch.testing.assert_close(step, torch.full((3,), 2 * math.pi * 0.5, dtype=F64))  # the spacing is kept
+    plain = RotaryEmbedding(8, axes=2, coords="normalized")
+    for mode in ("pi", "ntk", "yarn", "normalized"):
+        scaled = RotaryEmbedding(8, axes=2, coords="normalized", scaling=mode, ref_grid=(4, 4))
+        torch.testing.assert_close(scaled.table((8, 12), dtype=F64).cos, plain.table((8, 12), dtype=F64).cos)
+
+
+def test_inference_mode_tables_are_not_cached():
+    rope = RotaryEmbedding(16, axes=2)
+    with torch.inference_mode():
+        rope(torch.randn(1, 12, 16), grid=(3, 4))
+    x = torch.randn(1, 12, 16, requires_grad=True)
+    rope(x, grid=(3, 4)).sum().backward()  # would fail on a cached inference tensor
+    assert x.grad is not None
+
+
+def test_odd_storage_offset_input():
+    rope = RotaryEmbedding(16, axes=1)
+    base = torch.randn(3, 18)
+    x = base[:, 1:17]  # odd offset: no complex view possible, the real path takes it
+    torch.testing.assert_close(rope(x, grid=(3,)), rope(x.contiguous(), grid=(3,)), rtol=1e-6, atol=1e-6)

@@ -105,3 +105,10 @@ def test_video_errors():
         timm.create_model("vit_rope3d_tiny", embed_dim=12, num_heads=3, depth=1)
     with pytest.raises(ValueError, match="sincos"):
         tiny_video(pos_embed="sincos")
+
+
+def test_video_rope_mixed_runs():
+    model = tiny_video(pos_embed="rope_mixed")
+    out = model(torch.randn(1, 3, 4, 32, 32))
+    out.sum().backward()
+    assert model.rope.freqs.grad is not None

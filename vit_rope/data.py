@@ -174,7 +174,7 @@ class ClipFolder(Dataset):
         self.classes = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
         self.samples = []
         for i, c in enumerate(self.classes):
-            clips = sorted(os.listdir(os.path.join(root, c)))
+            clips = sorted(d for d in os.listdir(os.path.join(root, c)) if os.path.isdir(os.path.join(root, c, d)))
             if not clips:
                 raise ValueError(f"class folder {os.path.join(root, c)!r} has no clips; remove it or add clips")
             self.samples += [(os.path.join(root, c, clip), i) for clip in clips]

@@ -9,7 +9,8 @@ One rotation serves 1D sequences, 2D images and 3D video. Every channel pair ``p
   ``f_j = theta ** (-2j / d_a)`` for a section of ``d_a`` channels (``j < d_a / 2``). Sections are laid out from
   the *last* grid axis to the first: in 2D the first half of the channels turns with x (the column), the
   second half with y (the row); in 3D ``(t, h, w)`` the order is ``[w | h | t]``. ``axis_dims`` is given in grid
-  axis order, like ``grid`` and ``positions``. Channels no section takes stay unrotated (at the end).
+  axis order, like ``grid`` and ``positions``. Channels no section takes stay unrotated (the last pairs: at the
+  end for the interleaved layout, at the end of each half for ``layout="half"``).
 * **mixed** (RoPE-Mixed, Heo et al. ECCV 2024): ``F`` is a learnable dense matrix per head (and per layer when
   ``depth`` is given), so a pair can turn with any direction in the plane.
 
@@ -104,7 +105,11 @@ def apply_rotary(x: Tensor, table: RotaryTable, inverse: bool = False) -> Tensor
 
 def _complex_viewable(x: Tensor) -> bool:
     """Whether channel pairs of x can be viewed as complex numbers without a copy."""
-    return x.stride(-1) == 1 and all(st % 2 == 0 for st, n in zip(x.stride()[:-1], x.shape[:-1], strict=True) if n > 1)
+    return (
+        x.stride(-1) == 1
+        and x.storage_offset() % 2 == 0
+        and all(st % 2 == 0 for st, n in zip(x.stride()[:-1], x.shape[:-1], strict=True) if n > 1)
+    )
 
 
 def _rotate_real(x: Tensor, cos: Tensor, sin: Tensor, layout: Layout) -> Tensor:
@@ -319,6 +324,8 @@ class RotaryEmbedding(nn.Module):
 
     # ------------------------------------------------------------------------------------------- coordinates
     def _scales(self, grid: Sequence[int] | None) -> tuple[float, ...]:
+        if self.coords == "normalized":
+            return (1.0,) * self.axes  # normalised coordinates do not grow with the grid: nothing to rescale
         if self.scale is not None:
             return self.scale
         if self.ref_grid is None or grid is None:
@@ -417,7 +424,13 @@ class RotaryEmbedding(nn.Module):
             if device is not None
             else (positions.device if positions is not None else torch.device("cpu"))
         )
-        cacheable = grid is not None and self.freqs is None and not self.augment and not _tracing()
+        cacheable = (
+            grid is not None
+            and self.freqs is None
+            and not self.augment
+            and not _tracing()
+            and not torch.is_inference_mode_enabled()  # inference tensors could not be saved for backward later
+        )
         key = (grid, device, dtype)
         if cacheable and key in self._cache:
             self._cache.move_to_end(key)
@@ -436,8 +449,6 @@ class RotaryEmbedding(nn.Module):
         with torch.autocast(device.type, enabled=False):
             if grid is not None:
                 coords = self.grid_coords(grid, device=device).to(calc)
-                if self.coords == "normalized":
-                    coords = coords * (2 * math.pi)
             else:
                 coords = positions.to(device=device, dtype=calc)
             if self.scaling == "pi":
@@ -449,7 +460,9 @@ class RotaryEmbedding(nn.Module):
                 )
                 coords = (coords + 0.5) * ratio - 0.5
             if self.augment:
-                coords = self._augment(coords)
+                coords = self._augment(coords)  # in coordinate units: patches, or [-1, 1] when normalised
+            if grid is not None and self.coords == "normalized":
+                coords = coords * (2 * math.pi)
             if self.freqs is None:
                 F = self.frequency_matrix(scales).to(device=device, dtype=calc)
                 angles = coords @ F  # (..., N, P); exact: each pair sums one non-zero product
@@ -457,7 +470,8 @@ class RotaryEmbedding(nn.Module):
                 # (..., N, axes) x ([depth,] heads, axes, P) -> (..., [depth,] heads, N, P), in float32 (as the
                 # paper) or the parameters' precision if higher
                 mixed_dtype = torch.promote_types(self.freqs.dtype, torch.float32)
-                F = self.freqs.to(mixed_dtype)
+                # unrotated channels (rotary_dim < dim) are pairs with zero frequency
+                F = nn.functional.pad(self.freqs.to(mixed_dtype), (0, self.dim // 2 - self.freqs.shape[-1]))
                 c = coords.to(mixed_dtype)
                 if c.ndim == 3:  # batched positions: (B, 1.., N, axes)
                     c = c.view(c.shape[0], *([1] * (F.ndim - 2)), *c.shape[1:])
