@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import os
 import random
 import re
@@ -623,7 +624,7 @@ def write_results(rows: list[dict], out: Path, cfg: dict) -> None:
     import matplotlib.pyplot as plt
 
     protocols = list(dict.fromkeys(r["protocol"] for r in rows))
-    fig, axes = plt.subplots(1, len(protocols), figsize=(6 * len(protocols), 4.2), squeeze=False)
+    fig, axes = plt.subplots(1, len(protocols), figsize=(6 * len(protocols), 5.5), squeeze=False)
     for ax, protocol in zip(axes[0], protocols, strict=True):
         for key in dict.fromkeys((r["model"], r["rope_scaling"]) for r in rows if r["protocol"] == protocol):
             pts = sorted(
@@ -642,8 +643,9 @@ def write_results(rows: list[dict], out: Path, cfg: dict) -> None:
             ylabel="top-1 (%)",
         )
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 3), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.06 * math.ceil(len(labels) / 3), 1, 1))
     fig.savefig(out / "accuracy_vs_resolution.png", dpi=120)
     plt.close(fig)
 
