@@ -111,6 +111,31 @@ def test_each_rope_target_changes_the_output():
             assert not torch.allclose(outs[a], outs[b], atol=1e-6), (a, b)
 
 
+@pytest.mark.parametrize("heads", [2, 3, 6])
+@pytest.mark.parametrize("mixed", [False, True])
+@pytest.mark.parametrize("targets", ROPE_TARGETS)
+def test_attention_equals_a_hand_written_reference(targets, mixed, heads):
+    """q/k/v turned by the table where chosen, attention, the output turned back where 'o' is chosen."""
+    import torch.nn.functional as F
+
+    from vit_rope.attention import Attention, parse_rope_targets
+    from vit_rope.rope import RotaryEmbedding
+
+    letters = parse_rope_targets(targets)  # "none" -> ""
+    dim, n = 16 * heads, 1 + 12
+    attn = Attention(dim, num_heads=heads, rope_targets=targets).double()
+    rope = RotaryEmbedding(16, axes=2, num_prefix_tokens=1, freqs="mixed" if mixed else "axial", num_heads=heads)
+    table = rope.double().table((3, 4), dtype=torch.float64)
+    x = torch.randn(2, n, dim, dtype=torch.float64)
+    q, k, v = attn.qkv(x).reshape(2, n, 3, heads, 16).permute(2, 0, 3, 1, 4)
+    turn = {c: (lambda t: rope(t, grid=(3, 4))) if c in letters else (lambda t: t) for c in "qkv"}
+    o = F.scaled_dot_product_attention(turn["q"](q), turn["k"](k), turn["v"](v))
+    if "o" in letters:
+        o = rope(o, grid=(3, 4), inverse=True)
+    expected = attn.proj(o.transpose(1, 2).reshape(2, n, dim))
+    torch.testing.assert_close(attn(x, table), expected, rtol=0, atol=1e-10)
+
+
 def test_vo_rope_model_output_is_shift_invariant():
     """With rope_targets='vo' and no q/k rotation, attention output depends only on relative positions."""
     from vit_rope.attention import Attention

@@ -43,12 +43,9 @@ class Attention(nn.Module):
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.rope_targets = parse_rope_targets(rope_targets)
-        # contiguous runs of q, k, v in the qkv projection rotate in a single pass
-        inputs = [i for i, c in enumerate("qkv") if c in self.rope_targets]
-        self._rotate_slice = (
-            (inputs[0], inputs[-1] + 1) if inputs and inputs == list(range(inputs[0], inputs[-1] + 1)) else None
-        )
-        self._rotate_each = inputs if inputs and self._rotate_slice is None else []
+        # which of q, k, v turn; all three go through one pass (identity for the others), so the rotated copy
+        # replaces the projection output rather than living beside it: no extra activation memory
+        self._turn_qkv = tuple(c in self.rope_targets for c in "qkv")
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.attn_drop = attn_drop
         self.proj = nn.Linear(dim, dim)
@@ -57,21 +54,9 @@ class Attention(nn.Module):
     def forward(self, x: Tensor, rope: RotaryTable | None = None) -> Tensor:
         B, N, C = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        if rope is not None and self._rotate_slice is not None:
-            a, b = self._rotate_slice
-            if (a, b) == (0, 3):
-                qkv = apply_rotary(qkv, rope)
-            else:
-                turned = apply_rotary(qkv[a:b], rope).unbind(0)
-                parts = list(qkv.unbind(0))
-                parts[a:b] = turned
-                qkv = parts
-        elif rope is not None and self._rotate_each:
-            parts = list(qkv.unbind(0))
-            for i in self._rotate_each:
-                parts[i] = apply_rotary(parts[i], rope)
-            qkv = parts
-        q, k, v = qkv[0], qkv[1], qkv[2]
+        if rope is not None and any(self._turn_qkv):
+            qkv = apply_rotary(qkv, rope.stacked(self._turn_qkv, qkv.ndim))
+        q, k, v = qkv.unbind(0)
         x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.0)
         if rope is not None and "o" in self.rope_targets:
             x = apply_rotary(x, rope, inverse=True)

@@ -69,6 +69,26 @@ class RotaryTable:
             self._cis = torch.complex(self.cos, self.sin)
         return self._cis
 
+    def stacked(self, turn: tuple[bool, ...], ndim: int) -> RotaryTable:
+        """A table for ``len(turn)`` tensors stacked in front, e.g. (q, k, v) as ``(3, B, heads, N, dim)``
+        (``ndim`` = 5): identity where ``turn`` is False, so all of them pass in one go. Cached per table."""
+        cache = self.__dict__.setdefault("_stacked", {})
+        key = (turn, ndim)
+        if key not in cache or _tracing():
+            lead = (1,) * (ndim - 1 - self.cos.ndim)  # broadcast over the dims between the stack and the table
+            mask = torch.tensor(turn, device=self.cos.device).view(-1, *[1] * (ndim - 1))
+
+            def expand(t: Tensor, identity: float) -> Tensor:
+                t = t.reshape(*lead, *t.shape)
+                return torch.where(mask, t, torch.full_like(t, identity))
+
+            cis = None if self._cis is None else expand(self._cis, 1.0)
+            table = RotaryTable(expand(self.cos, 1.0), expand(self.sin, 0.0), self.layout, cis)
+            if _tracing() or self.cos.requires_grad:
+                return table  # learned tables are rebuilt per call, so a checkpointed block recomputes the same graph
+            cache[key] = table
+        return cache[key]
+
     def layer(self, index: int) -> RotaryTable:
         """The table of one layer of a per-layer (mixed-frequency) table."""
         cis = None if self._cis is None else self._cis.select(-4, index)

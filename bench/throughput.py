@@ -1,0 +1,164 @@
+"""What RoPE costs: our RoPE ViT against the APE trunk and timm's RoPE ViT, measured in one process.
+
+    uv run python bench/throughput.py                  # CPU: all cores, batch 8, 224 and 384
+    uv run python bench/throughput.py --repeats 9 --sizes 224
+
+Models are timed interleaved (one call of each per round, after warm-up), the median of the rounds is reported,
+and every figure that matters is printed as a ratio measured in this run:
+
+* inference forward and train step (forward + backward + AdamW) of vit_rope_small, timm's deit3_small_patch16_224
+  (APE, the same trunk) and timm's vit_small_patch16_rope_224;
+* the rotation alone on one layer's q and k (8×6×197×64 each) against its memory floor: the bytes it must move
+  (read q, k; write q, k) over the machine's copy bandwidth, measured here;
+* vit_rope_mixed_small against vit_rope_small, and vit_rope3d_small (8×224² clips, 784 tokens) against the image
+  model at 448² (784 tokens);
+* activation memory of a training step: the bytes autograd saves for backward (deduplicated by storage).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import time
+
+import timm
+import torch
+
+import vit_rope  # noqa: F401
+from vit_rope import RotaryEmbedding, apply_rotary
+
+
+def median_time(fns: dict, repeats: int, warmup: int = 2) -> dict:
+    """Interleaved rounds: each round calls every function once, so drifts hit all of them alike."""
+    for _ in range(warmup):
+        for f in fns.values():
+            f()
+    times = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, f in fns.items():
+            t0 = time.perf_counter()
+            f()
+            times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def forward_fn(model, x):
+    model.eval()
+
+    def run():
+        with torch.inference_mode():
+            model(x)
+
+    return run
+
+
+def train_fn(model, x):
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    y = torch.zeros(x.shape[0], dtype=torch.long)
+
+    def run():
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    return run
+
+
+def saved_bytes(model, x) -> int:
+    """Bytes of the tensors autograd keeps for backward in one training forward (each storage counted once)."""
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        s = t.untyped_storage()
+        seen[s.data_ptr()] = s.nbytes()
+        return t
+
+    model.train()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = model(x).sum()
+    del loss
+    return sum(seen.values())
+
+
+def copy_bandwidth() -> float:
+    """Bytes per second of a large copy (read + write), the memory floor's yardstick."""
+    src = torch.randn(64 * 2**20 // 4 * 4)  # 256 MB
+    dst = torch.empty_like(src)
+    t = median_time({"copy": lambda: dst.copy_(src)}, repeats=7)["copy"]
+    return 2 * src.numel() * 4 / t
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--sizes", type=int, nargs="+", default=[224, 384])
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--threads", type=int, default=os.cpu_count())
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    print(f"{platform.processor() or platform.machine()}, {args.threads} threads, torch {torch.__version__}, "
+          f"timm {timm.__version__}, batch {args.batch}, median of {args.repeats} interleaved rounds")  # fmt: skip
+
+    names = {
+        "ours RoPE": "vit_rope_small",
+        "APE trunk": "deit3_small_patch16_224",
+        "timm RoPE": "vit_small_patch16_rope_224",
+    }
+    for size in args.sizes:
+        kw = dict(img_size=size)
+        models = {k: timm.create_model(n, **kw) for k, n in names.items()}
+        x = torch.randn(args.batch, 3, size, size)
+        fwd = median_time({k: forward_fn(m, x) for k, m in models.items()}, args.repeats)
+        step = median_time({k: train_fn(m, x) for k, m in models.items()}, max(args.repeats // 2, 3))
+        print(f"\n{size}px  forward ms: " + ", ".join(f"{k} {1e3 * v:.0f}" for k, v in fwd.items()))
+        print(f"{size}px  train step ms: " + ", ".join(f"{k} {1e3 * v:.0f}" for k, v in step.items()))
+        print(f"{size}px  forward throughput  ours/APE {fwd['APE trunk'] / fwd['ours RoPE']:.3f}  "
+              f"ours/timm-RoPE {fwd['timm RoPE'] / fwd['ours RoPE']:.3f}")  # fmt: skip
+        print(f"{size}px  train-step throughput  ours/APE {step['APE trunk'] / step['ours RoPE']:.3f}  "
+              f"ours/timm-RoPE {step['timm RoPE'] / step['ours RoPE']:.3f}")  # fmt: skip
+        mem = {k: saved_bytes(m, x) for k, m in models.items()}
+        saved = ", ".join(f"{k} {v / 2**20:.0f}" for k, v in mem.items())
+        print(f"{size}px  activations saved for backward MB: {saved}"
+              + f"  (ours/APE {mem['ours RoPE'] / mem['APE trunk']:.3f})")  # fmt: skip
+
+    # the rotation alone, q and k of one ViT-S layer in one pass, against the memory floor: the same bytes moved by
+    # a plain copy of the same size (what any kernel must at least do), and by the machine's large-copy bandwidth
+    rope = RotaryEmbedding(64, axes=2, num_prefix_tokens=1)
+    table = rope.table((14, 14))
+    qkv = torch.randn(args.batch, 197, 3, 6, 64).permute(2, 0, 3, 1, 4)
+    qk = qkv[:2]
+    src, dst = torch.randn(qk.numel()), torch.empty(qk.numel())
+    stacked = table.stacked((True, True, False), qkv.ndim)
+    t = median_time(
+        {
+            "qk": lambda: apply_rotary(qk, table),
+            "copy": lambda: dst.copy_(src),
+            "qkv": lambda: apply_rotary(qkv, stacked),
+        },
+        repeats=51,
+    )
+    dram = 2 * qk.numel() * 4 / copy_bandwidth()
+    print(f"\napply on q,k ({args.batch}x6x197x64 each): {1e6 * t['qk']:.0f} us; a copy of the same bytes "
+          f"{1e6 * t['copy']:.0f} us -> {t['qk'] / t['copy']:.2f}x the floor (large-copy bandwidth floor "
+          f"{1e6 * dram:.0f} us)")  # fmt: skip
+    print(f"as the model runs it (q, k, v in one pass, v unturned): {1e6 * t['qkv']:.0f} us")
+
+    # mixed against axial, video against image at equal token counts
+    x = torch.randn(args.batch, 3, 224, 224)
+    pair = {"axial": timm.create_model("vit_rope_small"), "mixed": timm.create_model("vit_rope_mixed_small")}
+    fwd = median_time({k: forward_fn(m, x) for k, m in pair.items()}, args.repeats)
+    print(f"RoPE-Mixed/axial forward throughput {fwd['axial'] / fwd['mixed']:.3f}")
+    clip = torch.randn(2, 3, 8, 224, 224)
+    image = torch.randn(2, 3, 448, 448)
+    vid, img = timm.create_model("vit_rope3d_small", num_frames=8), timm.create_model("vit_rope_small", img_size=448)
+    fwd = median_time({"video": forward_fn(vid, clip), "image": forward_fn(img, image)}, max(args.repeats // 2, 3))
+    print(f"3D video (784 tokens)/2D image (784 tokens) forward throughput {fwd['image'] / fwd['video']:.3f}")
+
+
+if __name__ == "__main__":
+    main()
