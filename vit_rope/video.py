@@ -22,7 +22,7 @@ from timm.layers._fx import register_notrace_function
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from torch import Tensor, nn
 
-from .vit import SIZES, VisionTransformer, checkpoint_filter_fn
+from .vit import SIZES, VisionTransformer, checkpoint_filter_fn, unwrap_state_dict
 
 __all__ = ["TubeletEmbed", "VideoVisionTransformer", "inflate_image_checkpoint"]
 
@@ -103,11 +103,7 @@ class VideoVisionTransformer(VisionTransformer):
 
 def inflate_image_checkpoint(state_dict: dict[str, Tensor], model: VideoVisionTransformer) -> dict[str, Tensor]:
     """Adapt an image or video checkpoint to a video model (``pretrained_filter_fn`` of the video models)."""
-    for key in ("model_ema", "state_dict_ema", "model", "state_dict"):
-        if key in state_dict and isinstance(state_dict[key], dict):
-            state_dict = state_dict[key]
-            break
-    state_dict = dict(state_dict)
+    state_dict = dict(unwrap_state_dict(state_dict))
     w = state_dict.get("patch_embed.proj.weight")
     if w is not None and w.ndim == 4:  # image kernel → each of the tubelet's frames gets kernel / depth
         t = model.patch_embed.tubelet_size

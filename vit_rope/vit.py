@@ -405,6 +405,14 @@ class VisionTransformer(nn.Module):
 
 
 # --------------------------------------------------------------------------------------------------- weights
+def unwrap_state_dict(state_dict: dict) -> dict:
+    """The weights inside a training checkpoint (EMA weights first), or the dict itself."""
+    for key in ("model_ema", "state_dict_ema", "model", "state_dict"):
+        if key in state_dict and isinstance(state_dict[key], dict):
+            return state_dict[key]
+    return state_dict
+
+
 def checkpoint_filter_fn(state_dict: dict[str, Tensor], model: VisionTransformer) -> dict[str, Tensor]:
     """Adapt a checkpoint to ``model``: ours at any size/class count, timm's DeiT-III and RoPE ViTs (Eva).
 
@@ -416,10 +424,7 @@ def checkpoint_filter_fn(state_dict: dict[str, Tensor], model: VisionTransformer
     """
     from timm.layers import resample_patch_embed
 
-    for key in ("model_ema", "state_dict_ema", "model", "state_dict"):
-        if key in state_dict and isinstance(state_dict[key], dict):
-            state_dict = state_dict[key]
-            break
+    state_dict = unwrap_state_dict(state_dict)
     own = model.state_dict()
     out: dict[str, Tensor] = {}
     for k, v in state_dict.items():
