@@ -99,6 +99,16 @@ class RotaryTable:
         return self.cos.shape[-2]
 
 
+def _fx_leaf(fn):
+    """Register ``fn`` as a leaf for timm's torch.fx tracing (it reads shapes), if timm is there."""
+    try:
+        from timm.layers._fx import register_notrace_function
+    except ImportError:  # pragma: no cover
+        return fn
+    return register_notrace_function(fn)
+
+
+@_fx_leaf
 def apply_rotary(x: Tensor, table: RotaryTable, inverse: bool = False) -> Tensor:
     """Rotate ``x (..., N, dim)`` by ``table`` (``inverse=True`` turns back: Rᵀ).
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-import torch.nn.functional as F
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import to_2tuple
 from timm.layers._fx import register_notrace_function
@@ -88,14 +87,6 @@ class VideoVisionTransformer(VisionTransformer):
 
     def _check_input(self, x: Tensor) -> None:
         check_video_input(x, self.in_chans, self.patch_embed.tubelet_size, self.patch_embed.patch_size)
-
-    def _absolute_embed(self, grid: Sequence[int], x: Tensor) -> Tensor | None:
-        if self.pos_embed is None or tuple(grid) == tuple(self.patch_embed.grid_size):
-            return self.pos_embed
-        C = self.pos_embed.shape[-1]
-        pe = self.pos_embed.reshape(1, *self.patch_embed.grid_size, C).permute(0, 4, 1, 2, 3)
-        pe = F.interpolate(pe.float(), size=tuple(grid), mode="trilinear", align_corners=False)
-        return pe.permute(0, 2, 3, 4, 1).reshape(1, -1, C).to(self.pos_embed.dtype)
 
     def set_input_size(self, img_size=None, patch_size=None) -> None:
         raise NotImplementedError("video models take any clip size the tubelet divides; create a new model instead")

@@ -24,6 +24,7 @@ from functools import partial
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import (
     DropPath,
@@ -99,10 +100,39 @@ def check_image_input(x: Tensor, in_chans: int, patch_size: Sequence[int], pad: 
         )
 
 
+def resample_grid_embed(pos_embed: Tensor, grid: Sequence[int], ref_grid: Sequence[int]) -> Tensor:
+    """An absolute embedding over ``ref_grid`` resampled to ``grid``: bicubic in 2D (align_corners=False, no
+    antialias, RoPE-ViT's protocol, via timm's ``resample_abs_pos_embed``), trilinear in 3D."""
+    if tuple(grid) == tuple(ref_grid):
+        return pos_embed
+    if len(grid) == 2:
+        return resample_abs_pos_embed(pos_embed, list(grid), list(ref_grid), num_prefix_tokens=0, antialias=False)
+    C = pos_embed.shape[-1]
+    pe = pos_embed.reshape(1, *ref_grid, C).movedim(-1, 1).float()
+    pe = F.interpolate(pe, size=tuple(grid), mode="trilinear", align_corners=False)
+    return pe.movedim(1, -1).reshape(1, -1, C).to(pos_embed.dtype)
+
+
 @register_notrace_function
-def rope_table_for(rope: RotaryEmbedding, grid: Sequence[int], x: Tensor) -> RotaryTable:
-    """The rotary table for a token grid, on x's device and in a precision that suits x (cached)."""
-    return rope.table(tuple(grid), device=x.device, dtype=x.dtype)
+def embed_positions(
+    x: Tensor, pos_embed: Tensor | None, sincos: bool, rope: RotaryEmbedding | None, ref_grid: tuple[int, ...]
+) -> tuple[Tensor, RotaryTable | None, tuple[int, ...]]:
+    """Patch tokens ``(B, *grid, C)`` → flat tokens with any absolute embedding added, the rotary table of the grid
+    (cached; prefix rows identity), and the grid. A leaf for torch.fx: everything here depends on the grid size."""
+    grid = tuple(x.shape[1:-1])
+    x = x.flatten(1, -2)
+    if pos_embed is not None:
+        x = x + resample_grid_embed(pos_embed, grid, ref_grid)
+    elif sincos:
+        x = x + build_sincos2d_pos_embed(list(grid), x.shape[-1], device=x.device).unsqueeze(0).to(x.dtype)
+    table = rope.table(grid, device=x.device, dtype=x.dtype) if rope is not None else None
+    return x, table, grid
+
+
+@register_notrace_function
+def tokens_to_grid(x: Tensor, grid: tuple[int, ...]) -> Tensor:
+    """Spatial tokens ``(B, N, C)`` → ``(B, C, *grid)``."""
+    return x.reshape(x.shape[0], *grid, -1).movedim(-1, 1).contiguous()
 
 
 class VisionTransformer(nn.Module):
@@ -297,38 +327,20 @@ class VisionTransformer(nn.Module):
     def _check_input(self, x: Tensor) -> None:
         check_image_input(x, self.in_chans, self.patch_embed.patch_size, self.patch_embed.dynamic_img_pad)
 
-    def _grid_of(self, x: Tensor) -> tuple[int, ...]:
-        """The token grid of embedded patches (B, *grid, C)."""
-        return tuple(x.shape[1:-1])
-
-    def _absolute_embed(self, grid: Sequence[int], x: Tensor) -> Tensor | None:
-        if self.pos_embed is not None:
-            if tuple(grid) == tuple(self.patch_embed.grid_size):
-                return self.pos_embed
-            return resample_abs_pos_embed(
-                self.pos_embed, list(grid), list(self.patch_embed.grid_size), num_prefix_tokens=0, antialias=False
-            )
-        if self.pos_embed_type == "sincos":
-            return build_sincos2d_pos_embed(list(grid), self.embed_dim, device=x.device).unsqueeze(0).to(x.dtype)
-        return None
-
     def embed(self, x: Tensor) -> tuple[Tensor, RotaryTable | None, tuple[int, ...]]:
         """Patchify, add absolute embeddings, prepend prefix tokens; also return the rotary table and the grid."""
         self._check_input(x)
         x = self.patch_embed(x)
-        grid = self._grid_of(x)
-        x = x.flatten(1, -2)
-        abs_embed = self._absolute_embed(grid, x)
-        if abs_embed is not None:
-            x = x + abs_embed
+        x, rope, grid = embed_positions(
+            x, self.pos_embed, self.pos_embed_type == "sincos", self.rope, tuple(self.patch_embed.grid_size)
+        )
         prefix = [t.expand(x.shape[0], -1, -1) for t in (self.cls_token, self.reg_token) if t is not None]
         if prefix:
             x = torch.cat([*prefix, x], dim=1)
-        rope = rope_table_for(self.rope, grid, x) if self.rope is not None else None
         return self.pos_drop(x), rope, grid
 
     def _run_block(self, i: int, x: Tensor, rope: RotaryTable | None) -> Tensor:
-        table = rope.layer(i) if (rope is not None and self.rope_per_layer) else rope
+        table = rope.layer(i) if self.rope_per_layer else rope
         if self.grad_checkpointing and not torch.jit.is_scripting():
             return checkpoint(self.blocks[i], x, table)
         return self.blocks[i](x, table)
@@ -371,7 +383,6 @@ class VisionTransformer(nn.Module):
         if output_fmt not in ("NCHW", "NLC"):
             raise ValueError(f"output_fmt={output_fmt!r}: choose 'NCHW' or 'NLC'")
         take_indices, max_index = feature_take_indices(len(self.blocks), indices)
-        B = x.shape[0]
         x, rope, grid = self.embed(x)
         last = max_index if stop_early else len(self.blocks) - 1
         intermediates = []
@@ -382,7 +393,7 @@ class VisionTransformer(nn.Module):
         prefix = [y[:, : self.num_prefix_tokens] for y in intermediates]
         spatial = [y[:, self.num_prefix_tokens :] for y in intermediates]
         if output_fmt == "NCHW":
-            spatial = [y.reshape(B, *grid, -1).movedim(-1, 1).contiguous() for y in spatial]
+            spatial = [tokens_to_grid(y, grid) for y in spatial]
         if return_prefix_tokens:
             spatial = list(zip(spatial, prefix, strict=True))
         if intermediates_only:
