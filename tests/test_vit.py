@@ -308,6 +308,20 @@ def test_bf16_autocast_close_to_float32():
     assert (out.float() - ref).abs().max() < 0.1 * ref.abs().max() + 0.05
 
 
+@pytest.mark.parametrize("name", ["vit_rope_tiny", "vit_rope_mixed_tiny", "vit_ape_tiny"])
+def test_torch_fx_feature_extraction_matches_eager(name):
+    """timm's fx path (graph node names, feature extractor) traces the model; outputs equal eager exactly."""
+    from timm.models._features_fx import create_feature_extractor, get_graph_node_names
+
+    model = tiny(name, num_classes=10, reg_tokens=1).eval()
+    _, eval_nodes = get_graph_node_names(model)
+    fx_model = create_feature_extractor(model, return_nodes=[eval_nodes[-1]])
+    x = torch.randn(2, 3, 64, 96)
+    with torch.no_grad():
+        out = list(fx_model(x).values())[0]
+        assert torch.equal(out, model(x))
+
+
 # -------------------------------------------------------------------------------------------------- export
 @pytest.mark.parametrize("name", ["vit_rope_tiny", "vit_rope_mixed_tiny", "vit_ape_tiny"])
 def test_torch_export_matches_eager(name):
