@@ -139,9 +139,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[dict, set[str]]:
             parser.add_argument(flag, nargs="+", type=type(default[0]), default=cfg[key])
         else:
             parser.add_argument(flag, type=NONE_TYPES.get(key, type(default)), default=cfg[key])
-    parser.add_argument("--pretrained-flag-help", action="store_true", help=argparse.SUPPRESS)
     args = vars(parser.parse_args(rest))
-    args.pop("pretrained_flag_help")
     args["model_kwargs"] = {**cfg["model_kwargs"], **dict(args["model_kwargs"] or [])}
     given = set()
     for a in rest:
