@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vit_rope import RotaryEmbedding, apply_rotary
-from vit_rope.rope import RotaryTable
+from vit_rope.rope import RotaryTable, rotate_packed
 
 F64 = torch.float64
 
@@ -119,14 +119,67 @@ def test_prefix_tokens_and_tail_channels_stay_unrotated():
     assert not torch.allclose(y[:, 3, :8], x[:, 3, :8])
 
 
-def test_qk_stacked_single_pass_equals_separate():
-    """q and k as views of one qkv projection rotate together; the result equals rotating each alone."""
-    rope = RotaryEmbedding(32, axes=2, num_prefix_tokens=1)
-    qkv = torch.randn(2, 1 + 20, 3, 4, 32).permute(2, 0, 3, 1, 4)
-    t = rope.table((4, 5))
-    both = apply_rotary(qkv[:2], t)
-    torch.testing.assert_close(both[0], rope(qkv[0].contiguous(), grid=(4, 5)), rtol=0, atol=1e-6)
-    torch.testing.assert_close(both[1], rope(qkv[1].contiguous(), grid=(4, 5)), rtol=0, atol=1e-6)
+PACKED_TURNS = [(True, True, False), (False, True, True), (True, False, True), (False, False, True)]
+
+
+@pytest.mark.parametrize("turn", PACKED_TURNS)
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+def test_rotate_packed_matches_matrices_and_turns_in_place(turn, layout):
+    """A qkv Linear's output (B, N, 3·heads·dim): each flagged slot equals the explicit rotation, the others and the
+    cls token are untouched; the eager interleaved path writes into the projection itself (no copy)."""
+    heads, dim, grid = 2, 16, (3, 4)
+    rope = RotaryEmbedding(dim, axes=2, num_prefix_tokens=1, layout=layout)
+    x = torch.randn(2, 1 + 12, 3 * heads * dim, dtype=F64)
+    packed = x.clone()
+    y = rotate_packed(packed, rope.table(grid, dtype=F64), heads, turn)
+    contiguous_run = "".join("x" if f else "." for f in turn).strip(".") == "x" * sum(turn)
+    assert (y.data_ptr() == packed.data_ptr()) == (layout == "interleaved" and contiguous_run)
+    slots_in, slots_out = (t.unflatten(-1, (3, heads, dim)).permute(0, 2, 3, 1, 4) for t in (x, y))  # B 3 heads N dim
+    for s, flag in enumerate(turn):
+        want = slots_in[:, s]
+        if flag:
+            want = want.clone()
+            want[..., 1:, :] = reference_rotate(want[..., 1:, :], grid_coords(grid), dim, 100.0, (8, 8), layout)
+        torch.testing.assert_close(slots_out[:, s], want, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("turn", PACKED_TURNS)
+@pytest.mark.parametrize("freqs", ["axial", "mixed"])
+def test_rotate_packed_gradients_equal_rotating_each_slot(turn, freqs):
+    """Gradients to the projection and to learned frequencies equal those of turning q, k, v one by one."""
+    heads, dim = 2, 16  # not 3, so a slot/head mix-up cannot pass
+    rope = RotaryEmbedding(dim, axes=2, num_prefix_tokens=1, freqs=freqs, num_heads=heads).double()
+    x = torch.randn(2, 1 + 12, 3 * heads * dim, dtype=F64, requires_grad=True)
+    w = torch.randn(2, 1 + 12, 3 * heads * dim, dtype=F64)
+
+    def grads(rotate):
+        rope.zero_grad()
+        loss = (rotate(x * 1, rope.table((3, 4), dtype=F64)) * w).sum()
+        return torch.autograd.grad(loss, [x, *rope.parameters()])
+
+    def one_by_one(p, t):
+        slots = p.unflatten(-1, (3, heads, dim)).permute(2, 0, 3, 1, 4)  # (3, B, heads, N, dim)
+        out = torch.stack([apply_rotary(q, t) if f else q for q, f in zip(slots, turn, strict=True)])
+        return out.permute(1, 3, 0, 2, 4).flatten(2)
+
+    for got, want in zip(grads(lambda p, t: rotate_packed(p, t, heads, turn)), grads(one_by_one), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
+def test_rotate_packed_bad_input():
+    table = RotaryEmbedding(16, axes=2).table((3, 4))
+    with pytest.raises(ValueError, match="not 3 slots x 2 heads x 16 dims"):
+        rotate_packed(torch.randn(1, 12, 3 * 3 * 16), table, 2, (True, True, False))
+    with pytest.raises(ValueError, match="13 tokens but the rotary table has 12"):
+        rotate_packed(torch.randn(1, 13, 3 * 2 * 16), table, 2, (True, True, False))
+    with pytest.raises(ValueError, match="expected a fused projection"):
+        rotate_packed(torch.randn(12, 3 * 2 * 16), table, 2, (True, True, False))
+    mixed = RotaryEmbedding(16, axes=2, freqs="mixed", num_heads=4).table((3, 4))
+    with pytest.raises(ValueError, match="has 4 heads but the projection 2"):
+        rotate_packed(torch.randn(1, 12, 3 * 2 * 16), mixed, 2, (True, True, False))
+    batched = RotaryEmbedding(16, axes=2).table(positions=torch.rand(4, 12, 2))
+    with pytest.raises(ValueError, match="cannot turn a fused projection"):
+        rotate_packed(torch.randn(4, 12, 3 * 2 * 16), batched, 2, (True, True, False))
 
 
 def test_explicit_positions_equal_grid_and_batched_positions():
@@ -475,11 +528,13 @@ def test_normalized_coords_shift_in_unit_coordinates_and_ignore_scaling():
         torch.testing.assert_close(scaled.table((8, 12), dtype=F64).cos, plain.table((8, 12), dtype=F64).cos)
 
 
-def test_inference_mode_tables_are_not_cached():
+def test_inference_mode_tables_are_cached_apart():
     rope = RotaryEmbedding(16, axes=2)
     with torch.inference_mode():
         rope(torch.randn(1, 12, 16), grid=(3, 4))
+        assert rope.table((3, 4)) is rope.table((3, 4))  # served from the cache, not rebuilt per forward
     x = torch.randn(1, 12, 16, requires_grad=True)
+    assert not rope.table((3, 4)).cos.is_inference()
     rope(x, grid=(3, 4)).sum().backward()  # would fail on a cached inference tensor
     assert x.grad is not None
 

@@ -136,6 +136,17 @@ def test_attention_equals_a_hand_written_reference(targets, mixed, heads):
     torch.testing.assert_close(attn(x, table), expected, rtol=0, atol=1e-10)
 
 
+def test_forward_hook_on_qkv_sees_the_projection_unrotated():
+    """q and k turn in place in the qkv output; a hook that keeps that output still holds what the Linear made."""
+    model = tiny().eval()
+    seen = []
+    model.blocks[0].attn.qkv.register_forward_hook(lambda mod, args, out: seen.append((args[0], out)))
+    with torch.no_grad():
+        model(torch.randn(2, 3, 32, 32))
+    x, out = seen[0]
+    torch.testing.assert_close(out, model.blocks[0].attn.qkv(x), rtol=0, atol=0)
+
+
 def test_vo_rope_model_output_is_shift_invariant():
     """With rope_targets='vo' and no q/k rotation, attention output depends only on relative positions."""
     from vit_rope.attention import Attention

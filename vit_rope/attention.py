@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .rope import RotaryTable, apply_rotary
+from .rope import RotaryTable, apply_rotary, rotate_packed
 
 ROPE_TARGETS = ("qk", "vo", "qkvo", "q", "k", "v", "o", "qkv", "none")
 
@@ -43,8 +43,8 @@ class Attention(nn.Module):
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.rope_targets = parse_rope_targets(rope_targets)
-        # which of q, k, v turn; all three go through one pass (identity for the others), so the rotated copy
-        # replaces the projection output rather than living beside it: no extra activation memory
+        # which of q, k, v turn; they are turned in the projection's output, in place, so attention reads q, k, v
+        # where an absolute-embedding ViT would and no rotated copy lives beside the projection
         self._turn_qkv = tuple(c in self.rope_targets for c in "qkv")
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.attn_drop = attn_drop
@@ -53,9 +53,12 @@ class Attention(nn.Module):
 
     def forward(self, x: Tensor, rope: RotaryTable | None = None) -> Tensor:
         B, N, C = x.shape
-        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        qkv = self.qkv(x)
         if rope is not None and any(self._turn_qkv):
-            qkv = apply_rotary(qkv, rope.stacked(self._turn_qkv, qkv.ndim))
+            if self.qkv._forward_hooks or nn.modules.module._global_forward_hooks:
+                qkv = qkv.clone()  # a hook may hold the projection's output: keep it as the hook saw it
+            qkv = rotate_packed(qkv, rope, self.num_heads, self._turn_qkv)
+        qkv = qkv.reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)
         x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.0)
         if rope is not None and "o" in self.rope_targets:

@@ -34,7 +34,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-__all__ = ["RotaryEmbedding", "RotaryTable", "apply_rotary"]
+__all__ = ["RotaryEmbedding", "RotaryTable", "apply_rotary", "rotate_packed"]
 
 Layout = Literal["interleaved", "half"]
 Coords = Literal["index", "normalized"]
@@ -69,25 +69,24 @@ class RotaryTable:
             self._cis = torch.complex(self.cos, self.sin)
         return self._cis
 
-    def stacked(self, turn: tuple[bool, ...], ndim: int) -> RotaryTable:
-        """A table for ``len(turn)`` tensors stacked in front, e.g. (q, k, v) as ``(3, B, heads, N, dim)``
-        (``ndim`` = 5): identity where ``turn`` is False, so all of them pass in one go. Cached per table."""
-        cache = self.__dict__.setdefault("_stacked", {})
-        key = (turn, ndim)
-        if key not in cache or _tracing():
-            lead = (1,) * (ndim - 1 - self.cos.ndim)  # broadcast over the dims between the stack and the table
-            mask = torch.tensor(turn, device=self.cos.device).view(-1, *[1] * (ndim - 1))
+    def packed(self, turn: tuple[bool, ...]) -> RotaryTable:
+        """This table laid out for a fused projection ``(B, N, slots, heads, dim)``, e.g. the (q, k, v) output of a
+        qkv Linear: shape ``(N, slots, heads | 1, dim // 2)``, identity where ``turn`` is False, so every slot passes
+        in one go. Cached per table (rebuilt while tracing or for learned tables, which change every step)."""
+        cache = self.__dict__.setdefault("_packed", {})
+        if turn not in cache or _tracing() or self.cos.requires_grad:
+            mask = torch.tensor(turn, device=self.cos.device).view(-1, 1, 1)
 
             def expand(t: Tensor, identity: float) -> Tensor:
-                t = t.reshape(*lead, *t.shape)
-                return torch.where(mask, t, torch.full_like(t, identity))
+                t = _packed_view(t).squeeze(1)  # (N, heads | 1, dim // 2)
+                return torch.where(mask, t.unsqueeze(1), torch.full_like(t, identity).unsqueeze(1))
 
             cis = None if self._cis is None else expand(self._cis, 1.0)
             table = RotaryTable(expand(self.cos, 1.0), expand(self.sin, 0.0), self.layout, cis)
             if _tracing() or self.cos.requires_grad:
-                return table  # learned tables are rebuilt per call, so a checkpointed block recomputes the same graph
-            cache[key] = table
-        return cache[key]
+                return table
+            cache[turn] = table
+        return cache[turn]
 
     def layer(self, index: int) -> RotaryTable:
         """The table of one layer of a per-layer (mixed-frequency) table."""
@@ -131,6 +130,112 @@ def apply_rotary(x: Tensor, table: RotaryTable, inverse: bool = False) -> Tensor
         z = torch.view_as_complex(x.unflatten(-1, (-1, 2)))
         return torch.view_as_real(z * cis).flatten(-2)
     return _rotate_real(x, table.cos, -table.sin if inverse else table.sin, table.layout)
+
+
+def _packed_view(t: Tensor) -> Tensor:
+    """A table tensor ``([heads,] N, dim // 2)`` as ``(N, 1, heads | 1, dim // 2)``: the broadcast shape against a
+    fused projection ``(B, N, slots, heads, dim // 2)``."""
+    if t.ndim == 2:
+        return t[:, None, None]
+    if t.ndim == 3:
+        return t.transpose(0, 1)[:, None]
+    raise ValueError(
+        f"a rotary table of shape {tuple(t.shape)} cannot turn a fused projection; it needs ([heads,] N, dim // 2): "
+        "one table per model layer (RotaryTable.layer) and no batch of positions"
+    )
+
+
+@_fx_leaf
+def rotate_packed(packed: Tensor, table: RotaryTable, num_heads: int, turn: tuple[bool, ...]) -> Tensor:
+    """Rotate the slots of a fused projection ``packed (B, N, slots · num_heads · dim)`` where ``turn`` is True,
+    e.g. q and k of a qkv Linear's output with ``turn=(True, True, False)``; returns ``(B, N, slots · heads · dim)``.
+
+    Eagerly, for float32/float64 and the interleaved layout, the turned slots are multiplied in place, in the layout
+    the Linear wrote them: the pass reads and writes q and k once and allocates nothing, and attention then reads
+    q, k, v exactly where an absolute-embedding ViT would. ``packed`` must be a fresh result that nothing else
+    holds (autograd's version counter checks that for backward). Otherwise (tracing, compile, export, other dtypes,
+    the half layout, slots that are not one run) it returns a rotated copy through the real-arithmetic path.
+    Gradients reach ``packed`` and learned frequencies; the latter are computed from the rotated output turned back,
+    which holds because every table is a rotation (``cos² + sin² = 1``).
+    """
+    if packed.ndim != 3:
+        raise ValueError(
+            f"packed has shape {tuple(packed.shape)}; expected a fused projection (B, N, slots * heads * dim)"
+        )
+    _, tokens, width = packed.shape
+    slots, dim = len(turn), 2 * table.cos.shape[-1]
+    if table.cos.ndim == 3 and table.cos.shape[0] not in (1, num_heads):
+        raise ValueError(
+            f"the rotary table has {table.cos.shape[0]} heads but the projection {num_heads}; build the mixed "
+            "frequencies with num_heads equal to the attention's"
+        )
+    if width != slots * num_heads * dim:
+        raise ValueError(
+            f"a fused projection of width {width} is not {slots} slots x {num_heads} heads x {dim} dims; build the "
+            "rotary table for the head dim and pass one turn flag per slot"
+        )
+    if tokens != table.num_tokens:
+        raise ValueError(
+            f"the projection has {tokens} tokens but the rotary table has {table.num_tokens}; the grid (plus prefix "
+            "tokens) must match the sequence length"
+        )
+    if not any(turn):
+        return packed
+    first = turn.index(True)
+    last = len(turn) - turn[::-1].index(True)
+    if (
+        table.layout == "interleaved"
+        and packed.dtype == table.cos.dtype
+        and all(turn[first:last])
+        and (packed.is_contiguous() or _complex_viewable(packed))
+        and not _tracing()
+    ):
+        cis = _packed_view(table.cis)
+        if torch.is_grad_enabled() and (packed.requires_grad or cis.requires_grad):
+            return _RotateInPlace.apply(packed, cis, first, last, num_heads)
+        _as_pairs(packed, num_heads, cis.shape[-1])[:, :, first:last].mul_(cis)
+        return packed
+    t = table.packed(turn)
+    x = packed.unflatten(-1, (slots, num_heads, dim))
+    return _rotate_real(x, t.cos, t.sin, t.layout).flatten(2)
+
+
+class _RotateInPlace(torch.autograd.Function):
+    """``z ← z · cis`` on the channel pairs of slots ``[first, last)`` of a fused projection, in place."""
+
+    @staticmethod
+    def forward(ctx, packed: Tensor, cis: Tensor, first: int, last: int, num_heads: int) -> Tensor:
+        z = _as_pairs(packed, num_heads, cis.shape[-1])
+        z[:, :, first:last].mul_(cis)
+        ctx.mark_dirty(packed)
+        ctx.span, ctx.num_heads = (first, last), num_heads
+        # learned frequencies need the input for their gradient: keep the output (which attention keeps anyway)
+        # and turn it back in backward, rather than a copy of the input
+        ctx.save_for_backward(cis, packed if ctx.needs_input_grad[1] else None)
+        return packed
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor):
+        cis, out = ctx.saved_tensors
+        first, last = ctx.span
+        g = _as_pairs(grad.contiguous(), ctx.num_heads, cis.shape[-1])
+        grad_in = torch.empty_like(g)  # one pass: turned slots rotated back, the others copied
+        torch.mul(g[:, :, first:last], cis.conj(), out=grad_in[:, :, first:last])
+        grad_in[:, :, :first] = g[:, :, :first]
+        grad_in[:, :, last:] = g[:, :, last:]
+        grad_cis = None
+        if out is not None and ctx.needs_input_grad[1]:
+            z = _as_pairs(out, ctx.num_heads, cis.shape[-1])[:, :, first:last] * cis.conj()  # the input (|cis| = 1)
+            grad_cis = (g[:, :, first:last] * z.conj()).sum(0).sum(1, keepdim=True)  # (N, 1, heads, dim // 2)
+            if cis.shape[2] == 1:
+                grad_cis = grad_cis.sum(2, keepdim=True)
+        return torch.view_as_real(grad_in).flatten(2), grad_cis, None, None, None
+
+
+def _as_pairs(packed: Tensor, num_heads: int, pairs: int) -> Tensor:
+    """``(B, N, slots · heads · dim)`` as complex channel pairs ``(B, N, slots, heads, dim // 2)`` (a view)."""
+    return torch.view_as_complex(packed.view(*packed.shape[:2], -1, num_heads, pairs, 2))
 
 
 def _complex_viewable(x: Tensor) -> bool:
@@ -454,14 +559,9 @@ class RotaryEmbedding(nn.Module):
             if device is not None
             else (positions.device if positions is not None else torch.device("cpu"))
         )
-        cacheable = (
-            grid is not None
-            and self.freqs is None
-            and not self.augment
-            and not _tracing()
-            and not torch.is_inference_mode_enabled()  # inference tensors could not be saved for backward later
-        )
-        key = (grid, device, dtype)
+        cacheable = grid is not None and self.freqs is None and not self.augment and not _tracing()
+        if cacheable:  # inference tensors cannot be saved for backward later: inference mode keeps tables apart
+            key = (grid, device, dtype, torch.is_inference_mode_enabled())
         if cacheable and key in self._cache:
             self._cache.move_to_end(key)
             return self._cache[key]
