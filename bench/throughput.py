@@ -31,18 +31,28 @@ from vit_rope import RotaryEmbedding, apply_rotary
 from vit_rope.rope import rotate_packed
 
 
-def median_time(fns: dict, repeats: int, warmup: int = 2) -> dict:
-    """Interleaved rounds: each round calls every function once, so drifts hit all of them alike."""
+def timed_rounds(fns: dict, repeats: int, warmup: int = 2) -> dict[str, list[float]]:
+    """Seconds per call, round by round. Each round calls every function once, starting one further along each time,
+    so drifts of a shared machine, and whatever one call leaves behind for the next (caches, the allocator's free
+    lists), fall on all of them alike."""
     for _ in range(warmup):
         for f in fns.values():
             f()
-    times = {k: [] for k in fns}
-    for _ in range(repeats):
-        for k, f in fns.items():
+    names = list(fns)
+    times = {k: [] for k in names}
+    for r in range(repeats):
+        for k in names[r % len(names) :] + names[: r % len(names)]:
             t0 = time.perf_counter()
-            f()
+            fns[k]()
             times[k].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) for k, v in times.items()}
+    return times
+
+
+def speed_ratio(times: dict[str, list[float]], ours: str, other: str) -> str:
+    """Throughput of ``ours`` over ``other``, from the rounds' paired times: median and interquartile range."""
+    ratios = sorted(b / a for a, b in zip(times[ours], times[other], strict=True))
+    q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+    return f"{statistics.median(ratios):.3f} [{q1:.3f}-{q3:.3f}]"
 
 
 def forward_fn(model, x):
@@ -89,7 +99,7 @@ def copy_bandwidth() -> float:
     """Bytes per second of a large copy (read + write), the memory floor's yardstick."""
     src = torch.randn(64 * 2**20 // 4 * 4)  # 256 MB
     dst = torch.empty_like(src)
-    t = median_time({"copy": lambda: dst.copy_(src)}, repeats=7)["copy"]
+    t = statistics.median(timed_rounds({"copy": lambda: dst.copy_(src)}, repeats=7)["copy"])
     return 2 * src.numel() * 4 / t
 
 
@@ -97,13 +107,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--sizes", type=int, nargs="+", default=[224, 384])
-    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--repeats", type=int, default=9)
     p.add_argument("--threads", type=int, default=os.cpu_count())
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     print(f"{platform.processor() or platform.machine()}, {args.threads} threads, torch {torch.__version__}, "
-          f"timm {timm.__version__}, batch {args.batch}, median of {args.repeats} interleaved rounds")  # fmt: skip
+          f"timm {timm.__version__}, batch {args.batch}, {args.repeats} interleaved rounds; ratios are medians of "
+          "the rounds' paired ratios [interquartile range]")  # fmt: skip
 
     names = {
         "ours RoPE": "vit_rope_small",
@@ -114,14 +125,17 @@ def main() -> None:
         kw = dict(img_size=size)
         models = {k: timm.create_model(n, **kw) for k, n in names.items()}
         x = torch.randn(args.batch, 3, size, size)
-        fwd = median_time({k: forward_fn(m, x) for k, m in models.items()}, args.repeats)
-        step = median_time({k: train_fn(m, x) for k, m in models.items()}, max(args.repeats // 2, 3))
-        print(f"\n{size}px  forward ms: " + ", ".join(f"{k} {1e3 * v:.0f}" for k, v in fwd.items()))
-        print(f"{size}px  train step ms: " + ", ".join(f"{k} {1e3 * v:.0f}" for k, v in step.items()))
-        print(f"{size}px  forward throughput  ours/APE {fwd['APE trunk'] / fwd['ours RoPE']:.3f}  "
-              f"ours/timm-RoPE {fwd['timm RoPE'] / fwd['ours RoPE']:.3f}")  # fmt: skip
-        print(f"{size}px  train-step throughput  ours/APE {step['APE trunk'] / step['ours RoPE']:.3f}  "
-              f"ours/timm-RoPE {step['timm RoPE'] / step['ours RoPE']:.3f}")  # fmt: skip
+        fwd = timed_rounds({k: forward_fn(m, x) for k, m in models.items()}, args.repeats)
+        step = timed_rounds({k: train_fn(m, x) for k, m in models.items()}, max(args.repeats // 2, 3))
+        print()
+        for what, times in (("forward", fwd), ("train step", step)):
+            print(
+                f"{size}px  {what} ms (median): "
+                + ", ".join(f"{k} {1e3 * statistics.median(v):.0f}" for k, v in times.items())
+            )
+        for what, times in (("forward", fwd), ("train-step", step)):
+            print(f"{size}px  {what} throughput  ours/APE {speed_ratio(times, 'ours RoPE', 'APE trunk')}  "
+                  f"ours/timm-RoPE {speed_ratio(times, 'ours RoPE', 'timm RoPE')}")  # fmt: skip
         mem = {k: saved_bytes(m, x) for k, m in models.items()}
         saved = ", ".join(f"{k} {v / 2**20:.0f}" for k, v in mem.items())
         print(f"{size}px  activations saved for backward MB: {saved}"
@@ -134,7 +148,7 @@ def main() -> None:
     packed = torch.randn(args.batch, 197, 3 * 6 * 64)  # a qkv Linear's output, as the model turns it (in place)
     qk = packed.view(args.batch, 197, 3, 6, 64).permute(2, 0, 3, 1, 4)[:2]  # q and k as strided views
     src, dst = torch.randn(qk.numel()), torch.empty(qk.numel())
-    t = median_time(
+    t = timed_rounds(
         {
             "in place": lambda: rotate_packed(packed, table, 6, (True, True, False)),
             "copy": lambda: dst.copy_(src),
@@ -143,21 +157,25 @@ def main() -> None:
         repeats=51,
     )
     dram = 2 * qk.numel() * 4 / copy_bandwidth()
+    us = {k: 1e6 * statistics.median(v) for k, v in t.items()}
+    floor = statistics.median(a / b for a, b in zip(t["in place"], t["copy"], strict=True))
     print(f"\napply on q,k ({args.batch}x6x197x64 each), in place in the qkv output as the model runs it: "
-          f"{1e6 * t['in place']:.0f} us; a copy of the same bytes {1e6 * t['copy']:.0f} us -> "
-          f"{t['in place'] / t['copy']:.2f}x the floor (large-copy bandwidth floor {1e6 * dram:.0f} us)")  # fmt: skip
-    print(f"out of place (apply_rotary on the q, k views into a new tensor): {1e6 * t['out of place']:.0f} us")
+          f"{us['in place']:.0f} us; a copy of the same bytes {us['copy']:.0f} us -> {floor:.2f}x the floor "
+          f"(large-copy bandwidth floor {1e6 * dram:.0f} us)")  # fmt: skip
+    print(f"out of place (apply_rotary on the q, k views into a new tensor): {us['out of place']:.0f} us")
 
     # mixed against axial, video against image at equal token counts
     x = torch.randn(args.batch, 3, 224, 224)
     pair = {"axial": timm.create_model("vit_rope_small"), "mixed": timm.create_model("vit_rope_mixed_small")}
-    fwd = median_time({k: forward_fn(m, x) for k, m in pair.items()}, args.repeats)
-    print(f"RoPE-Mixed/axial forward throughput {fwd['axial'] / fwd['mixed']:.3f}")
+    fwd = timed_rounds({k: forward_fn(m, x) for k, m in pair.items()}, args.repeats)
+    step = timed_rounds({k: train_fn(m, x) for k, m in pair.items()}, max(args.repeats // 2, 3))
+    print(f"RoPE-Mixed/axial throughput  forward {speed_ratio(fwd, 'mixed', 'axial')}  "
+          f"train step {speed_ratio(step, 'mixed', 'axial')}")  # fmt: skip
     clip = torch.randn(2, 3, 8, 224, 224)
     image = torch.randn(2, 3, 448, 448)
     vid, img = timm.create_model("vit_rope3d_small", num_frames=8), timm.create_model("vit_rope_small", img_size=448)
-    fwd = median_time({"video": forward_fn(vid, clip), "image": forward_fn(img, image)}, max(args.repeats // 2, 3))
-    print(f"3D video (784 tokens)/2D image (784 tokens) forward throughput {fwd['image'] / fwd['video']:.3f}")
+    fwd = timed_rounds({"video": forward_fn(vid, clip), "image": forward_fn(img, image)}, max(args.repeats // 2, 3))
+    print(f"3D video (784 tokens)/2D image (784 tokens) forward throughput {speed_ratio(fwd, 'video', 'image')}")
 
 
 if __name__ == "__main__":

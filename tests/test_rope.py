@@ -166,6 +166,26 @@ def test_rotate_packed_gradients_equal_rotating_each_slot(turn, freqs):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_rotate_packed_half_precision_rounds_once(dtype):
+    """bf16/fp16 projections (autocast) also turn in place, through float32: values and gradients are the float64
+    results rounded once."""
+    heads, dim, turn = 2, 16, (True, True, False)
+    rope = RotaryEmbedding(dim, axes=2, num_prefix_tokens=1)
+    x = torch.randn(2, 13, 3 * heads * dim).to(dtype).requires_grad_()
+    w = torch.randn(2, 13, 3 * heads * dim).to(dtype)
+    packed = x * 1
+    y = rotate_packed(packed, rope.table((3, 4)), heads, turn)
+    assert y.dtype == dtype and y.data_ptr() == packed.data_ptr()
+    (y * w).sum().backward()
+    x64 = x.detach().double().requires_grad_()
+    y64 = rotate_packed(x64 * 1, rope.table((3, 4), dtype=F64), heads, turn)
+    (y64 * w.double()).sum().backward()
+    one_rounding = dict(rtol=torch.finfo(dtype).eps, atol=1e-6)
+    torch.testing.assert_close(y.double(), y64, **one_rounding)
+    torch.testing.assert_close(x.grad.double(), x64.grad, **one_rounding)
+
+
 def test_rotate_packed_bad_input():
     table = RotaryEmbedding(16, axes=2).table((3, 4))
     with pytest.raises(ValueError, match="not 3 slots x 2 heads x 16 dims"):

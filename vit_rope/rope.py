@@ -185,7 +185,7 @@ def rotate_packed(packed: Tensor, table: RotaryTable, num_heads: int, turn: tupl
     last = len(turn) - turn[::-1].index(True)
     if (
         table.layout == "interleaved"
-        and packed.dtype == table.cos.dtype
+        and (packed.dtype == table.cos.dtype or (packed.dtype in _HALF and table.cos.dtype == torch.float32))
         and all(turn[first:last])
         and (packed.is_contiguous() or _complex_viewable(packed))
         and not _tracing()
@@ -193,7 +193,7 @@ def rotate_packed(packed: Tensor, table: RotaryTable, num_heads: int, turn: tupl
         cis = _packed_view(table.cis)
         if torch.is_grad_enabled() and (packed.requires_grad or cis.requires_grad):
             return _RotateInPlace.apply(packed, cis, first, last, num_heads)
-        _as_pairs(packed, num_heads, cis.shape[-1])[:, :, first:last].mul_(cis)
+        _turn_slots(packed, cis, first, last, num_heads)
         return packed
     t = table.packed(turn)
     x = packed.unflatten(-1, (slots, num_heads, dim))
@@ -205,8 +205,7 @@ class _RotateInPlace(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, packed: Tensor, cis: Tensor, first: int, last: int, num_heads: int) -> Tensor:
-        z = _as_pairs(packed, num_heads, cis.shape[-1])
-        z[:, :, first:last].mul_(cis)
+        _turn_slots(packed, cis, first, last, num_heads)
         ctx.mark_dirty(packed)
         ctx.span, ctx.num_heads = (first, last), num_heads
         # learned frequencies need the input for their gradient: keep the output (which attention keeps anyway)
@@ -218,24 +217,48 @@ class _RotateInPlace(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: Tensor):
         cis, out = ctx.saved_tensors
-        first, last = ctx.span
-        g = _as_pairs(grad.contiguous(), ctx.num_heads, cis.shape[-1])
-        grad_in = torch.empty_like(g)  # one pass: turned slots rotated back, the others copied
-        torch.mul(g[:, :, first:last], cis.conj(), out=grad_in[:, :, first:last])
-        grad_in[:, :, :first] = g[:, :, :first]
-        grad_in[:, :, last:] = g[:, :, last:]
+        (first, last), heads = ctx.span, ctx.num_heads
+        grad = grad.contiguous()
+        grad_in = torch.empty_like(grad)  # one pass: turned slots rotated back, the others copied
+        _turn_slots(grad, cis.conj(), first, last, heads, out=grad_in)
+        g, g_in = (_real_pairs(t, heads, cis.shape[-1]) for t in (grad, grad_in))
+        g_in[:, :, :first] = g[:, :, :first]
+        g_in[:, :, last:] = g[:, :, last:]
         grad_cis = None
         if out is not None and ctx.needs_input_grad[1]:
-            z = _as_pairs(out, ctx.num_heads, cis.shape[-1])[:, :, first:last] * cis.conj()  # the input (|cis| = 1)
-            grad_cis = (g[:, :, first:last] * z.conj()).sum(0).sum(1, keepdim=True)  # (N, 1, heads, dim // 2)
+            real = _REAL[cis.dtype]
+            z_out, g_out = (
+                torch.view_as_complex(t[:, :, first:last].to(real)) for t in (_real_pairs(out, heads, cis.shape[-1]), g)
+            )
+            z = z_out * cis.conj()  # the input (|cis| = 1; for half-precision outputs up to their rounding)
+            grad_cis = (g_out * z.conj()).sum(0).sum(1, keepdim=True)  # (N, 1, heads, dim // 2)
             if cis.shape[2] == 1:
                 grad_cis = grad_cis.sum(2, keepdim=True)
-        return torch.view_as_real(grad_in).flatten(2), grad_cis, None, None, None
+        return grad_in, grad_cis, None, None, None
 
 
-def _as_pairs(packed: Tensor, num_heads: int, pairs: int) -> Tensor:
-    """``(B, N, slots · heads · dim)`` as complex channel pairs ``(B, N, slots, heads, dim // 2)`` (a view)."""
-    return torch.view_as_complex(packed.view(*packed.shape[:2], -1, num_heads, pairs, 2))
+_HALF = (torch.bfloat16, torch.float16)
+_REAL = {torch.complex64: torch.float32, torch.complex128: torch.float64}
+
+
+def _real_pairs(packed: Tensor, num_heads: int, pairs: int) -> Tensor:
+    """``(B, N, slots · heads · dim)`` as channel pairs ``(B, N, slots, heads, dim // 2, 2)`` (a view)."""
+    return packed.view(*packed.shape[:2], -1, num_heads, pairs, 2)
+
+
+def _turn_slots(packed: Tensor, cis: Tensor, first: int, last: int, num_heads: int, out: Tensor | None = None) -> None:
+    """``out[slots] ← packed[slots] · cis`` over channel pairs as complex numbers (``out`` defaults to ``packed``:
+    in place). The product is taken in the table's precision; bfloat16/float16 go through a float32 copy of the slots
+    (complex numbers exist in neither) and are rounded once on the way back."""
+    src = _real_pairs(packed, num_heads, cis.shape[-1])[:, :, first:last]
+    dst = src if out is None else _real_pairs(out, num_heads, cis.shape[-1])[:, :, first:last]
+    real = _REAL[cis.dtype]
+    if src.dtype == real and out is None:
+        torch.view_as_complex(src).mul_(cis)
+    elif src.dtype == real:
+        torch.mul(torch.view_as_complex(src), cis, out=torch.view_as_complex(dst))
+    else:
+        dst.copy_(torch.view_as_real(torch.view_as_complex(src.to(real)).mul_(cis)))
 
 
 def _complex_viewable(x: Tensor) -> bool:
