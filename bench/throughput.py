@@ -1,15 +1,17 @@
 """What RoPE costs: our RoPE ViT against the APE trunk and timm's RoPE ViT, measured in one process.
 
     uv run python bench/throughput.py                  # CPU: all cores, batch 8, 224 and 384
-    uv run python bench/throughput.py --repeats 9 --sizes 224
+    uv run python bench/throughput.py --repeats 25 --sizes 224
 
-Models are timed interleaved (one call of each per round, after warm-up), the median of the rounds is reported,
-and every figure that matters is printed as a ratio measured in this run:
+Models are timed interleaved (one call of each per round, a different one first each round, after warm-up), and
+every figure that matters is printed as a ratio measured in this run: the median over rounds of the ratio within a
+round, with its interquartile range, so the spread a shared machine adds is visible rather than hidden:
 
 * inference forward and train step (forward + backward + AdamW) of vit_rope_small, timm's deit3_small_patch16_224
   (APE, the same trunk) and timm's vit_small_patch16_rope_224;
-* the rotation alone on one layer's q and k (8×6×197×64 each) against its memory floor: the bytes it must move
-  (read q, k; write q, k) over the machine's copy bandwidth, measured here;
+* the rotation alone on one layer's q and k (8×6×197×64 each), in place in a qkv projection as the models run it,
+  against its memory floor: the bytes it must move (read q, k; write q, k) as a plain copy of the same size, and
+  over the machine's large-copy bandwidth, both measured here;
 * vit_rope_mixed_small against vit_rope_small, and vit_rope3d_small (8×224² clips, 784 tokens) against the image
   model at 448² (784 tokens);
 * activation memory of a training step: the bytes autograd saves for backward (deduplicated by storage).
@@ -107,7 +109,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--sizes", type=int, nargs="+", default=[224, 384])
-    p.add_argument("--repeats", type=int, default=9)
+    p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--threads", type=int, default=os.cpu_count())
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -160,8 +162,8 @@ def main() -> None:
     us = {k: 1e6 * statistics.median(v) for k, v in t.items()}
     floor = statistics.median(a / b for a, b in zip(t["in place"], t["copy"], strict=True))
     print(f"\napply on q,k ({args.batch}x6x197x64 each), in place in the qkv output as the model runs it: "
-          f"{us['in place']:.0f} us; a copy of the same bytes {us['copy']:.0f} us -> {floor:.2f}x the floor "
-          f"(large-copy bandwidth floor {1e6 * dram:.0f} us)")  # fmt: skip
+          f"{us['in place']:.0f} us; a copy of the same bytes {us['copy']:.0f} us -> {floor:.2f}x that floor; "
+          f"the large-copy bandwidth floor {1e6 * dram:.0f} us -> {us['in place'] / (1e6 * dram):.2f}x")  # fmt: skip
     print(f"out of place (apply_rotary on the q, k views into a new tensor): {us['out of place']:.0f} us")
 
     # mixed against axial, video against image at equal token counts

@@ -20,7 +20,7 @@ position interpolation (Chen et al. 2023), NTK-aware scaling (bloc97, 2023) or Y
 per-axis scale factors as in FiT (Lu et al. 2024, arXiv 2402.12376).
 
 Tables are computed in float64 and stored in float32 (float64 for float64 inputs), also under autocast, cached
-per grid/device/dtype, and applied in a single pass over q and k where possible.
+per grid/device/dtype. Inside attention, q and k turn in place in the fused qkv projection (``rotate_packed``).
 """
 
 from __future__ import annotations
