@@ -150,9 +150,10 @@ def rotate_packed(packed: Tensor, table: RotaryTable, num_heads: int, turn: tupl
     """Rotate the slots of a fused projection ``packed (B, N, slots · num_heads · dim)`` where ``turn`` is True,
     e.g. q and k of a qkv Linear's output with ``turn=(True, True, False)``; returns ``(B, N, slots · heads · dim)``.
 
-    Eagerly, for float32/float64 and the interleaved layout, the turned slots are multiplied in place, in the layout
-    the Linear wrote them: the pass reads and writes q and k once and allocates nothing, and attention then reads
-    q, k, v exactly where an absolute-embedding ViT would. ``packed`` must be a fresh result that nothing else
+    Eagerly, for the interleaved layout, the turned slots are multiplied in place, in the layout the Linear wrote
+    them: for float32/float64 the pass reads and writes q and k once and allocates nothing (bfloat16/float16 go
+    through a float32 copy of the slots and are rounded once), and attention then reads q, k, v exactly where an
+    absolute-embedding ViT would. ``packed`` must be a fresh result that nothing else
     holds (autograd's version counter checks that for backward). Otherwise (tracing, compile, export, other dtypes,
     the half layout, slots that are not one run) it returns a rotated copy through the real-arithmetic path.
     Gradients reach ``packed`` and learned frequencies; the latter are computed from the rotated output turned back,
