@@ -319,6 +319,41 @@ def test_bf16_autocast_close_to_float32():
     assert (out.float() - ref).abs().max() < 0.1 * ref.abs().max() + 0.05
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["vit_rope_tiny", "vit_rope_mixed_tiny"])
+def test_torch_compile_matches_eager(name):
+    """Compiled, q and k turn in inductor's fused real-arithmetic kernel; eagerly, in place as complex numbers. Both
+    give the same logits and gradients in float32 (every parameter, the learned frequencies too) and under bfloat16
+    autocast, where each rounds q and k to bfloat16 once."""
+    torch._dynamo.reset()
+    model = tiny(name, num_classes=5, reg_tokens=1, embed_dim=64, num_heads=2)
+    with torch.no_grad():  # weights of order one, so attention is far from uniform and the rotation shows in logits
+        for n, p in model.named_parameters():
+            if p.ndim > 1 and not n.startswith("rope"):
+                p.copy_(torch.randn_like(p) * p[0].numel() ** -0.5)
+            elif n.endswith("gamma"):  # LayerScale, 1e-5 at init
+                p.fill_(1.0)
+    compiled = torch.compile(model, fullgraph=True)
+    x = torch.randn(2, 3, 48, 64)
+
+    def logits_and_grads(f):
+        model.zero_grad(set_to_none=True)
+        out = f(x)
+        out.square().sum().backward()
+        return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    ref, ref_grads = logits_and_grads(model)
+    out, grads = logits_and_grads(compiled)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+    for n in ref_grads:
+        torch.testing.assert_close(grads[n], ref_grads[n], rtol=1e-3, atol=1e-5, msg=n)
+    model.eval()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        ref, out = model(x), compiled(x)
+    assert out.dtype == ref.dtype == torch.bfloat16
+    torch.testing.assert_close(out, ref, rtol=1.6e-2, atol=1.6e-2)  # a bfloat16 ulp or two at logits of order one
+
+
 @pytest.mark.parametrize("name", ["vit_rope_tiny", "vit_rope_mixed_tiny", "vit_ape_tiny"])
 def test_torch_fx_feature_extraction_matches_eager(name):
     """timm's fx path (graph node names, feature extractor) traces the model; outputs equal eager exactly."""
