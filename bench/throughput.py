@@ -3,7 +3,7 @@
     uv run python bench/throughput.py                  # CPU: all cores, batch 8, 224 and 384
     uv run python bench/throughput.py --repeats 25 --sizes 224
     uv run python bench/throughput.py --processes 3        # the whole run three times, summarised
-    uv run python bench/throughput.py --device cuda --dtype bfloat16 --batch 128 --compile   # a GPU, fused by compile
+    uv run python bench/throughput.py --device cuda --dtype bfloat16 --batch 128 --compile   # a GPU, compiled
 
 Models are timed interleaved (one call of each per round, a different one first each round, after warm-up), and
 every figure that matters is printed as a ratio measured in this run: the median over rounds of the ratio within a
@@ -21,8 +21,8 @@ of the fastest calls ("best"):
 
 ``--dtype bfloat16`` runs every model under bfloat16 autocast (float32 weights, as mixed-precision training does);
 ``--compile`` puts every model, and the apply, through ``torch.compile`` (the same for all, so ratios stay fair): then
-q and k turn in the fused real-arithmetic kernel inductor writes, out of place. On a GPU every timed call ends with a
-device synchronisation.
+q and k turn through the real-arithmetic path that inductor compiles, out of place. On a GPU every timed call ends
+with a device synchronisation.
 """
 
 from __future__ import annotations
