@@ -77,8 +77,26 @@ class Block(nn.Module):
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
     def forward(self, x: Tensor, rope: RotaryTable | None = None) -> Tensor:
-        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), rope)))
-        return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+        x = self.residual(x, self.attn(self.norm1(x), rope), self.ls1, self.drop_path1)
+        return self.residual(x, self.mlp(self.norm2(x)), self.ls2, self.drop_path2)
+
+    def residual(self, x: Tensor, y: Tensor, ls: nn.Module, drop_path: nn.Module) -> Tensor:
+        """``x + drop_path(ls(y))``. With LayerScale and no stochastic depth this is one pass, ``addcmul``, instead
+        of a scaled copy of y and then the sum: the two passes make up about 1 % of a ViT-S forward on a CPU."""
+        if isinstance(ls, LayerScale) and not hooked(ls) and (not self.training or drop_path_off(drop_path)):
+            return torch.addcmul(x, y, ls.gamma)
+        return x + drop_path(ls(y))
+
+
+def hooked(module: nn.Module) -> bool:
+    """Whether a forward hook would see the module's call (then the fused path, which skips the call, is not taken)."""
+    glob = nn.modules.module
+    return bool(module._forward_hooks or module._forward_pre_hooks or glob._global_forward_hooks
+                or glob._global_forward_pre_hooks)  # fmt: skip
+
+
+def drop_path_off(drop_path: nn.Module) -> bool:
+    return isinstance(drop_path, nn.Identity) or (isinstance(drop_path, DropPath) and drop_path.drop_prob == 0)
 
 
 @register_notrace_function
