@@ -11,7 +11,9 @@ round, with its interquartile range, so the spread a shared machine adds is visi
 of the fastest calls ("best"):
 
 * inference forward and train step (forward + backward + AdamW) of vit_rope_small, timm's deit3_small_patch16_224
-  (APE, the same trunk) and timm's vit_small_patch16_rope_224;
+  (APE, the same trunk) and timm's vit_small_patch16_rope_224, and our vit_ape_small: our own code with APE, so
+  "ours RoPE / ours APE" is what RoPE costs with everything else identical (our blocks add the LayerScale'd branch
+  in one pass, which timm's do in two, so our trunk is a little faster than timm's);
 * the rotation alone on one layer's q and k (8×6×197×64 each), in place in a qkv projection as the models run it,
   against its memory floor: the bytes it must move (read q, k; write q, k) as a plain copy of the same size, and
   over the machine's large-copy bandwidth, both measured here;
@@ -23,14 +25,23 @@ of the fastest calls ("best"):
 ``--compile`` puts every model, and the apply, through ``torch.compile`` (the same for all, so ratios stay fair): then
 q and k turn through the real-arithmetic path that inductor compiles, out of place. On a GPU every timed call ends
 with a device synchronisation.
+
+On Linux the run first tells glibc's malloc to keep the memory it frees (``--malloc keep``, the default): left to
+itself, glibc hands large freed blocks back to the kernel now and then, and the next call that needs them pays for
+every page again (measured here: 0 to 70,000 page faults per ViT-S forward at 384², worth up to 8 % of its time,
+landing on whichever model the heap's state happens to disfavour). That noise is the allocator's, not the models';
+``--malloc default`` measures with it. The CPU-training advice is the same: a caching allocator (tcmalloc, jemalloc)
+or these settings, for any model.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -62,13 +73,35 @@ def timed_rounds(fns: dict, repeats: int, warmup: int = 2) -> dict[str, list[flo
     synchronize()
     names = list(fns)
     times = {k: [] for k in names}
+    PAGE_FAULTS.update(dict.fromkeys(names, 0))
     for r in range(repeats):
         for k in names[r % len(names) :] + names[: r % len(names)]:
+            f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             t0 = time.perf_counter()
             fns[k]()
             synchronize()
             times[k].append(time.perf_counter() - t0)
+            PAGE_FAULTS[k] += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
+    for k in names:
+        PAGE_FAULTS[k] /= repeats
     return times
+
+
+PAGE_FAULTS: dict[str, float] = {}  # name -> page faults per call in the last timed_rounds (pages touched anew)
+
+
+def keep_freed_memory() -> str:
+    """Ask glibc's malloc to keep freed memory in the process (no trimming of the heap's top; blocks up to 32 MB,
+    the most it allows, from the heap rather than fresh mappings), so that repeated calls reuse pages already
+    faulted in. Returns what was done, for the header line."""
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return "malloc as is (not glibc)"
+    m_trim_threshold, m_mmap_threshold = -1, -3  # glibc's malloc.h
+    if mallopt(m_mmap_threshold, 32 * 2**20) and mallopt(m_trim_threshold, 2**30):
+        return "glibc malloc keeps freed memory"
+    return "malloc as is (mallopt refused)"
 
 
 FIGURES: dict[str, float] = {}  # name -> value, the headline figures of this run (for --processes)
@@ -180,6 +213,7 @@ def main() -> None:
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="autocast dtype")
     p.add_argument("--compile", action="store_true", help="torch.compile every model and the apply")
+    p.add_argument("--malloc", default="keep", choices=["keep", "default"], help="see the docstring")
     p.add_argument("--processes", type=int, default=1, help="repeat the whole run in this many fresh processes")
     p.add_argument("--figures-json", help=argparse.SUPPRESS)  # where a child process leaves its figures
     args, argv = p.parse_args(), sys.argv[1:]
@@ -188,37 +222,41 @@ def main() -> None:
         return run_processes(args.processes, argv[:i] + argv[i + 2 :])
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         p.error(f"--device {args.device}: torch sees no CUDA device here; use --device cpu")
+    malloc = keep_freed_memory() if args.malloc == "keep" else "glibc malloc as is"
     setup = Setup(args.device, args.dtype, args.compile)
     dev = setup.device
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or platform.machine()
     print(f"{where}, {args.threads} CPU threads, torch {torch.__version__}, timm {timm.__version__}, {args.dtype}"
-          f"{', compiled' if args.compile else ''}, batch {args.batch}, {args.repeats} interleaved rounds; ratios are "
-          "medians of the rounds' paired ratios [interquartile range]")  # fmt: skip
+          f"{', compiled' if args.compile else ''}, {malloc}, batch {args.batch}, {args.repeats} interleaved rounds; "
+          "ratios are medians of the rounds' paired ratios [interquartile range]")  # fmt: skip
 
     names = {
         "ours RoPE": "vit_rope_small",
         "APE trunk": "deit3_small_patch16_224",
         "timm RoPE": "vit_small_patch16_rope_224",
+        "ours APE": "vit_ape_small",  # our own trunk with APE: what RoPE costs on exactly our code
     }
     trunk_forward = {}
     for size in args.sizes:
         models = {k: setup.model(n, img_size=size) for k, n in names.items()}
         x = torch.randn(args.batch, 3, size, size, device=dev)
         fwd = timed_rounds({k: setup.forward_fn(m, x) for k, m in models.items()}, args.repeats)
+        fwd_faults = dict(PAGE_FAULTS)
         trunk_forward[size] = statistics.median(fwd["APE trunk"])
         step = timed_rounds({k: setup.train_fn(m, x) for k, m in models.items()}, max(args.repeats // 2, 3))
         print()
-        for what, times in (("forward", fwd), ("train step", step)):
+        for what, times, faults in (("forward", fwd, fwd_faults), ("train step", step, PAGE_FAULTS)):
             print(
-                f"{size}px  {what} ms (median): "
-                + ", ".join(f"{k} {1e3 * statistics.median(v):.1f}" for k, v in times.items())
+                f"{size}px  {what} ms (median; page faults per call): "
+                + ", ".join(f"{k} {1e3 * statistics.median(v):.1f} ({faults[k]:.0f})" for k, v in times.items())
             )
         for what, times in (("forward", fwd), ("train-step", step)):
             ape = speed_ratio(times, "ours RoPE", "APE trunk", f"{size}px {what} ours/APE")
             other = speed_ratio(times, "ours RoPE", "timm RoPE", f"{size}px {what} ours/timm-RoPE")
-            print(f"{size}px  {what} throughput  ours/APE {ape}  ours/timm-RoPE {other}")
+            own = speed_ratio(times, "ours RoPE", "ours APE", f"{size}px {what} ours RoPE/ours APE")
+            print(f"{size}px  {what} throughput  ours/APE {ape}  ours/timm-RoPE {other}  ours RoPE/ours APE {own}")
         mem = {k: saved_bytes(m, x, setup) for k, m in models.items()}
         saved = ", ".join(f"{k} {v / 2**20:.0f}" for k, v in mem.items())
         FIGURES[f"{size}px activation memory ours/APE"] = mem["ours RoPE"] / mem["APE trunk"]
