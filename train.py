@@ -31,7 +31,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 import yaml
 from safetensors.torch import save_file
-from timm.data import Mixup, create_transform, resolve_data_config
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, Mixup, create_transform, resolve_data_config
 from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
@@ -223,8 +223,7 @@ def _normalize(mean, std):
     return lambda img: (img - m) / s
 
 
-def image_transforms(cfg: dict, model) -> tuple:
-    dc = resolve_data_config({}, model=model)
+def image_transforms(cfg: dict, dc: dict) -> tuple:
     train_tf = create_transform(
         input_size=(3, cfg["img_size"], cfg["img_size"]),
         is_training=True,
@@ -243,22 +242,23 @@ def image_transforms(cfg: dict, model) -> tuple:
             input_size=(3, size, size), crop_pct=1.0, interpolation="bicubic", mean=dc["mean"], std=dc["std"]
         )
 
-    return train_tf, eval_tf, dc
+    return train_tf, eval_tf
 
 
-def build_data(cfg: dict, model) -> tuple[Dataset, callable, int]:
-    """The training set, a factory ``(size, protocol) -> eval dataset``, and the number of classes."""
+def build_data(cfg: dict, dc: dict) -> tuple[Dataset, callable, int]:
+    """The training set, a factory ``(size, protocol) -> eval dataset``, and the number of classes; ``dc`` is the
+    model's data config (its normalisation)."""
     name, root = cfg["dataset"], cfg["data_dir"]
     if name not in D.IMAGE_DATASETS + D.VIDEO_DATASETS:
         raise SystemExit(f"error: unknown dataset {name!r}; choose one of {D.IMAGE_DATASETS + D.VIDEO_DATASETS}")
     if name == "synthetic_video":
-        mean, std = resolve_data_config({}, model=model)["mean"], resolve_data_config({}, model=model)["std"]
-        kw = dict(img_size=cfg["img_size"], num_frames=cfg["num_frames"], seed=cfg["seed"], mean=mean, std=std)
+        kw = dict(
+            img_size=cfg["img_size"], num_frames=cfg["num_frames"], seed=cfg["seed"], mean=dc["mean"], std=dc["std"]
+        )
         train = D.SyntheticMotion(cfg["train_samples"], split="train", **kw)
         val = D.SyntheticMotion(cfg["val_samples"], split="val", **kw)
         return train, (lambda s, p: NativeVideo(val, s) if p == "native" else Resized(val, s)), val.num_classes
     if name == "clipfolder":
-        dc = resolve_data_config({}, model=model)
         for split in ("train", "val"):
             if not os.path.isdir(os.path.join(root, split)):
                 raise SystemExit(
@@ -269,7 +269,7 @@ def build_data(cfg: dict, model) -> tuple[Dataset, callable, int]:
         val = D.ClipFolder(os.path.join(root, "val"), cfg["img_size"], cfg["num_frames"], dc["mean"], dc["std"])
         return train, (lambda s, p: Resized(val, s)), len(train.classes)
 
-    train_tf, eval_tf, dc = image_transforms(cfg, model)
+    train_tf, eval_tf = image_transforms(cfg, dc)
     if name == "synthetic":
         train = D.SyntheticScenes(cfg["train_samples"], cfg["img_size"], cfg["seed"], "train", transform=train_tf)
         val = D.SyntheticScenes(cfg["val_samples"], cfg["img_size"], cfg["seed"], "val")
@@ -292,8 +292,8 @@ def build_data(cfg: dict, model) -> tuple[Dataset, callable, int]:
         classes = len(D.CheckedImageFolder(val_root).classes)
         return train, (lambda s, p: D.CheckedImageFolder(val_root, eval_tf(s))), classes
     train = None if cfg["eval_only"] else D.torchvision_dataset(name, root, True, train_tf)
-    probe = D.torchvision_dataset(name, root, False, eval_tf(cfg["img_size"]))
-    return train, (lambda s, p: D.torchvision_dataset(name, root, False, eval_tf(s))), len(probe.classes)
+    val = D.torchvision_dataset(name, root, False, eval_tf(cfg["img_size"]))
+    return train, (lambda s, p: D.torchvision_dataset(name, root, False, eval_tf(s))), len(val.classes)
 
 
 def num_classes_of(cfg: dict) -> int | None:
@@ -309,12 +309,28 @@ def split_spec(spec: str) -> tuple[str, dict]:
     return name, dict(_kv(p) for p in rest.split(",") if p)
 
 
-def build_model(cfg: dict, spec: str, num_classes: int):
+def checked_spec(spec: str) -> tuple[str, dict]:
+    """``split_spec`` with one clear error for a model timm does not know."""
     name, own = split_spec(spec)
     if name not in timm.list_models():
         raise SystemExit(
             f"error: unknown model {name!r}; registered: {timm.list_models('vit_r*') + timm.list_models('vit_ape*')}"
         )
+    return name, own
+
+
+def data_config(cfg: dict, spec: str) -> dict:
+    """The model's input normalisation, from its pretrained config (with any ``pretrained_cfg_overlay`` among the
+    model kwargs), as timm's ``resolve_data_config`` reads it off a built model; nothing is built or loaded."""
+    name, own = checked_spec(spec)
+    pretrained = timm.models.get_pretrained_cfg(name)
+    pcfg = pretrained.to_dict() if pretrained is not None else {}
+    pcfg.update({**cfg["model_kwargs"], **own}.get("pretrained_cfg_overlay") or {})
+    return resolve_data_config({}, pretrained_cfg=pcfg or dict(mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD))
+
+
+def build_model(cfg: dict, spec: str, num_classes: int):
+    name, own = checked_spec(spec)
     kwargs = {**cfg["model_kwargs"], **own}
     kwargs.setdefault("img_size", cfg["img_size"])
     if is_video(cfg):
@@ -409,8 +425,7 @@ def evaluate(model, loader, device, amp: bool) -> dict:
 def train_model(cfg: dict, name: str, tag: str, out: Path, device, rank: int, world: int) -> tuple:
     """Train one model (resuming from its checkpoint if asked); returns the model and its eval-set factory."""
     seed_everything(cfg["seed"])
-    probe = build_model(cfg, name, num_classes_of(cfg) or 1)
-    train_ds, eval_set, num_classes = build_data(cfg, probe)
+    train_ds, eval_set, num_classes = build_data(cfg, data_config(cfg, name))
     seed_everything(cfg["seed"])
     model = build_model(cfg, name, num_classes).to(device)
     if cfg["eval_only"]:

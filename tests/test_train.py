@@ -179,3 +179,45 @@ def test_config_and_data_errors(tmp_path):
         train.main([*TINY, "--eval-only", "--output", str(tmp_path / "e")])
     with pytest.raises(SystemExit, match="unknown model 'vit_nope'"):
         train.main([*TINY, "--models", "vit_nope", "--output", str(tmp_path / "m")])
+
+
+def test_ema_weights_are_the_ones_evaluated_and_saved(tmp_path):
+    """With --ema-decay 1 the average never moves off the initial weights: what is saved and evaluated equals an
+    untrained run (--lr 0 --min-lr 0, same seed), while the raw weights in the checkpoint did train."""
+    one = [*TINY, "--models", "vit_rope_tiny", "--rope-scaling", "none", "--epochs", "1"]
+    train.main([*one, "--ema", "--ema-decay", "1.0", "--output", str(tmp_path / "ema")])
+    train.main([*one, "--lr", "0", "--min-lr", "0", "--output", str(tmp_path / "still")])
+    saved, still = (load_file(tmp_path / d / "vit_rope_tiny" / "model.safetensors") for d in ("ema", "still"))
+    raw = torch.load(tmp_path / "ema" / "vit_rope_tiny" / "checkpoint.pt", weights_only=False)["model"]
+    for k in still:
+        torch.testing.assert_close(saved[k], still[k], rtol=0, atol=0, msg=k)
+    assert any(not torch.equal(raw[k], still[k]) for k in still)
+    top1 = [[r["top1"] for r in read_csv(tmp_path / d / "results.csv")] for d in ("ema", "still")]
+    assert top1[0] == top1[1]
+
+
+def test_mixup_and_cutmix_feed_soft_targets(tmp_path, monkeypatch):
+    """--mixup/--cutmix run timm's Mixup on every batch and train on its soft targets."""
+    seen = []
+
+    class Spy(train.Mixup):
+        def __call__(self, x, target):
+            x, soft = super().__call__(x, target)
+            seen.append(soft)
+            return x, soft
+
+    monkeypatch.setattr(train, "Mixup", Spy)
+    args = [*TINY, "--models", "vit_rope_tiny", "--rope-scaling", "none", "--epochs", "1", "--mixup", "0.8"]
+    train.main([*args, "--cutmix", "1.0", "--output", str(tmp_path)])
+    assert len(seen) == 3  # 96 samples / batch 32
+    for soft in seen:
+        assert soft.shape == (32, 8)
+        torch.testing.assert_close(soft.sum(1), torch.ones(32))
+        assert (soft.amax(1) < 1).any()  # mixed, not one-hot
+
+
+def test_data_config_comes_from_the_models_pretrained_cfg():
+    cfg, _ = train.parse_config([*TINY])
+    assert train.data_config(cfg, "vit_rope_tiny")["mean"] == timm.models.get_pretrained_cfg("vit_rope_tiny").mean
+    cfg["model_kwargs"] = dict(pretrained_cfg_overlay=dict(mean=(0.5, 0.5, 0.5)))
+    assert train.data_config(cfg, "vit_rope_tiny")["mean"] == (0.5, 0.5, 0.5)
