@@ -28,7 +28,7 @@ with a device synchronisation.
 
 On Linux the run first tells glibc's malloc to keep the memory it frees (``--malloc keep``, the default): left to
 itself, glibc hands large freed blocks back to the kernel now and then, and the next call that needs them pays for
-every page again (measured here: 0 to 70,000 page faults per ViT-S forward at 384², worth up to 8 % of its time,
+every page again (measured here: 0 to 70,000 page faults per ViT-S forward at 384², worth up to 12 % of its time,
 landing on whichever model the heap's state happens to disfavour). That noise is the allocator's, not the models';
 ``--malloc default`` measures with it. The CPU-training advice is the same: a caching allocator (tcmalloc, jemalloc)
 or these settings, for any model.
