@@ -296,12 +296,6 @@ def build_data(cfg: dict, dc: dict) -> tuple[Dataset, callable, int]:
     return train, (lambda s, p: D.torchvision_dataset(name, root, False, eval_tf(s))), len(val.classes)
 
 
-def num_classes_of(cfg: dict) -> int | None:
-    if cfg["dataset"] in ("synthetic", "synthetic_video"):
-        return len(D.DIRECTIONS)
-    return {"cifar10": 10, "cifar100": 100, "mnist": 10, "fashion_mnist": 10}.get(cfg["dataset"])
-
-
 # ----------------------------------------------------------------------------------------------------- model
 def split_spec(spec: str) -> tuple[str, dict]:
     """``name[:key=value,key=value]``: a registered model with its own overrides of ``model_kwargs``."""

@@ -41,7 +41,6 @@ import ctypes
 import json
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -55,6 +54,11 @@ import torch
 import vit_rope  # noqa: F401
 from vit_rope import RotaryEmbedding, apply_rotary
 from vit_rope.rope import rotate_packed
+
+try:
+    import resource  # page-fault counts (Unix)
+except ImportError:  # pragma: no cover - Windows
+    resource = None
 
 
 def synchronize() -> None:
@@ -76,15 +80,20 @@ def timed_rounds(fns: dict, repeats: int, warmup: int = 2) -> dict[str, list[flo
     PAGE_FAULTS.update(dict.fromkeys(names, 0))
     for r in range(repeats):
         for k in names[r % len(names) :] + names[: r % len(names)]:
-            f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            f0 = page_faults()
             t0 = time.perf_counter()
             fns[k]()
             synchronize()
             times[k].append(time.perf_counter() - t0)
-            PAGE_FAULTS[k] += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
+            PAGE_FAULTS[k] += page_faults() - f0
     for k in names:
         PAGE_FAULTS[k] /= repeats
     return times
+
+
+def page_faults() -> int:
+    """Minor page faults of this process so far (pages touched for the first time; 0 where not counted)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt if resource is not None else 0
 
 
 PAGE_FAULTS: dict[str, float] = {}  # name -> page faults per call in the last timed_rounds (pages touched anew)
@@ -222,7 +231,7 @@ def main() -> None:
         return run_processes(args.processes, argv[:i] + argv[i + 2 :])
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         p.error(f"--device {args.device}: torch sees no CUDA device here; use --device cpu")
-    malloc = keep_freed_memory() if args.malloc == "keep" else "glibc malloc as is"
+    malloc = keep_freed_memory() if args.malloc == "keep" else "malloc as is"
     setup = Setup(args.device, args.dtype, args.compile)
     dev = setup.device
     torch.set_num_threads(args.threads)

@@ -197,27 +197,39 @@ def test_ema_weights_are_the_ones_evaluated_and_saved(tmp_path):
 
 
 def test_mixup_and_cutmix_feed_soft_targets(tmp_path, monkeypatch):
-    """--mixup/--cutmix run timm's Mixup on every batch and train on its soft targets."""
-    seen = []
+    """--mixup/--cutmix run timm's Mixup on every batch, and the loss gets its mixed targets."""
+    mixed, fed = [], []
 
-    class Spy(train.Mixup):
+    class SpyMixup(train.Mixup):
         def __call__(self, x, target):
             x, soft = super().__call__(x, target)
-            seen.append(soft)
+            mixed.append(soft)
             return x, soft
 
-    monkeypatch.setattr(train, "Mixup", Spy)
-    args = [*TINY, "--models", "vit_rope_tiny", "--rope-scaling", "none", "--epochs", "1", "--mixup", "0.8"]
-    train.main([*args, "--cutmix", "1.0", "--output", str(tmp_path)])
-    assert len(seen) == 3  # 96 samples / batch 32
-    for soft in seen:
+    class SpyLoss(train.SoftTargetCrossEntropy):
+        def forward(self, logits, target):
+            fed.append(target)
+            return super().forward(logits, target)
+
+    monkeypatch.setattr(train, "Mixup", SpyMixup)
+    monkeypatch.setattr(train, "SoftTargetCrossEntropy", SpyLoss)
+    args = [*TINY, "--models", "vit_rope_tiny", "--rope-scaling", "none", "--epochs", "1", "--label-smoothing", "0"]
+    train.main([*args, "--mixup", "0.8", "--cutmix", "1.0", "--output", str(tmp_path)])
+    assert len(mixed) == 3  # 96 samples / batch 32
+    assert all(f is m for f, m in zip(fed, mixed, strict=True))
+    for soft in mixed:
         assert soft.shape == (32, 8)
         torch.testing.assert_close(soft.sum(1), torch.ones(32))
-        assert (soft.amax(1) < 1).any()  # mixed, not one-hot
+        assert (soft.amax(1) < 1).any()  # without label smoothing only mixing makes a row soft (not one-hot)
 
 
 def test_data_config_comes_from_the_models_pretrained_cfg():
+    """Without building the model, the same normalisation as timm reads off the built one (with an overlay too)."""
     cfg, _ = train.parse_config([*TINY])
-    assert train.data_config(cfg, "vit_rope_tiny")["mean"] == timm.models.get_pretrained_cfg("vit_rope_tiny").mean
-    cfg["model_kwargs"] = dict(pretrained_cfg_overlay=dict(mean=(0.5, 0.5, 0.5)))
-    assert train.data_config(cfg, "vit_rope_tiny")["mean"] == (0.5, 0.5, 0.5)
+    for overlay in (None, dict(mean=(0.5, 0.25, 0.125), std=(0.2, 0.3, 0.4))):
+        cfg["model_kwargs"] = dict(pretrained_cfg_overlay=overlay) if overlay else {}
+        built = timm.create_model("vit_rope_tiny", **cfg["model_kwargs"])
+        expected = train.resolve_data_config({}, model=built)
+        got = train.data_config(cfg, "vit_rope_tiny")
+        assert (got["mean"], got["std"]) == (expected["mean"], expected["std"])
+    assert got["mean"] == (0.5, 0.25, 0.125)

@@ -147,15 +147,21 @@ def test_forward_hook_on_qkv_sees_the_projection_unrotated():
     torch.testing.assert_close(out, model.blocks[0].attn.qkv(x), rtol=0, atol=0)
 
 
-def test_fused_layerscale_residual_equals_the_plain_one():
-    """Blocks add LayerScale'd branches in one addcmul; output and gradients equal x + ls(y), a hook on ls still
-    fires (it gets the plain path), and stochastic depth still drops branches in training."""
+def test_fused_layerscale_residual_equals_the_plain_one(monkeypatch):
+    """Blocks add LayerScale'd branches in one addcmul (LayerScale itself is not called); output and gradients equal
+    x + ls(y); a hook on ls still fires (it gets the plain path); stochastic depth still drops branches whenever its
+    module is in training mode, and is skipped in eval."""
+    from timm.layers import LayerScale
+
+    calls = []
+    plain_forward = LayerScale.forward
+    monkeypatch.setattr(LayerScale, "forward", lambda self, y: calls.append(1) or plain_forward(self, y))
     block = tiny(init_values=0.5).blocks[0].train()
     x = torch.randn(2, 17, 192, requires_grad=True)
 
     def plain(b, x):
-        x = x + b.ls1(b.attn(b.norm1(x)))
-        return x + b.ls2(b.mlp(b.norm2(x)))
+        x = x + plain_forward(b.ls1, b.attn(b.norm1(x)))
+        return x + plain_forward(b.ls2, b.mlp(b.norm2(x)))
 
     outs, grads = [], []
     for run in (block, lambda x: plain(block, x)):
@@ -164,15 +170,19 @@ def test_fused_layerscale_residual_equals_the_plain_one():
         outs.append(out)
         grads.append([x.grad.clone(), block.ls1.gamma.grad.clone(), block.ls2.gamma.grad.clone()])
         x.grad = block.ls1.gamma.grad = block.ls2.gamma.grad = None
+    assert calls == []  # the fused path ran
     torch.testing.assert_close(outs[0], outs[1])
     for a, b in zip(*grads, strict=True):
         torch.testing.assert_close(a, b)
-    calls = []
-    block.ls2.register_forward_hook(lambda *args: calls.append(1))
+    block.ls2.register_forward_hook(lambda *args: calls.append("hook"))
     torch.testing.assert_close(block(x), outs[1])
-    assert calls == [1]
-    dropped = tiny(init_values=0.5, drop_path_rate=1.0).blocks[1].train()  # rates run 0 → 1 over the blocks
-    torch.testing.assert_close(dropped(x), x)  # every branch dropped: the block passes x through
+    assert calls == [1, "hook"]  # ls2 called once, through the plain path, and its hook saw it
+
+    dropping = tiny(init_values=0.5, drop_path_rate=1.0).blocks[1]  # rates run 0 → 1 over the blocks
+    torch.testing.assert_close(dropping.train()(x), x)  # every branch dropped: the block passes x through
+    torch.testing.assert_close(dropping.eval()(x), plain(dropping, x))  # eval: no dropping, fused
+    dropping.drop_path1.train()  # stochastic depth switched on by itself (MC-dropout style) still drops
+    torch.testing.assert_close(dropping(x), x + plain_forward(dropping.ls2, dropping.mlp(dropping.norm2(x))))
 
 
 def test_vo_rope_model_output_is_shift_invariant():

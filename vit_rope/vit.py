@@ -83,20 +83,23 @@ class Block(nn.Module):
     def residual(self, x: Tensor, y: Tensor, ls: nn.Module, drop_path: nn.Module) -> Tensor:
         """``x + drop_path(ls(y))``. With LayerScale and no stochastic depth this is one pass, ``addcmul``, instead
         of a scaled copy of y and then the sum: the two passes make up about 1 % of a ViT-S forward on a CPU."""
-        if isinstance(ls, LayerScale) and not hooked(ls) and (not self.training or drop_path_off(drop_path)):
+        if type(ls) is LayerScale and drop_path_off(drop_path) and not hooked(ls, drop_path):
             return torch.addcmul(x, y, ls.gamma)
         return x + drop_path(ls(y))
 
 
-def hooked(module: nn.Module) -> bool:
-    """Whether a forward hook would see the module's call (then the fused path, which skips the call, is not taken)."""
+def hooked(*modules: nn.Module) -> bool:
+    """Whether a hook would see a call of these modules (then the fused path, which skips the calls, is not taken)."""
     glob = nn.modules.module
-    return bool(module._forward_hooks or module._forward_pre_hooks or glob._global_forward_hooks
-                or glob._global_forward_pre_hooks)  # fmt: skip
+    hooks = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+    return any(getattr(m, h) for m in modules for h in hooks) or any(getattr(glob, f"_global{h}") for h in hooks)
 
 
 def drop_path_off(drop_path: nn.Module) -> bool:
-    return isinstance(drop_path, nn.Identity) or (isinstance(drop_path, DropPath) and drop_path.drop_prob == 0)
+    """Whether stochastic depth passes its input through unchanged (none, rate 0, or not in training mode)."""
+    return type(drop_path) is nn.Identity or (
+        type(drop_path) is DropPath and (drop_path.drop_prob == 0 or not drop_path.training)
+    )
 
 
 @register_notrace_function
