@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import gc
 import json
 import os
 import platform
@@ -52,7 +53,7 @@ import timm
 import torch
 
 import vit_rope  # noqa: F401
-from vit_rope import RotaryEmbedding, apply_rotary
+from vit_rope import RotaryEmbedding, apply_rotary, rope_triton
 from vit_rope.rope import rotate_packed
 
 try:
@@ -205,12 +206,56 @@ def saved_bytes(model, x, setup: Setup) -> int:
     return sum(seen.values())
 
 
+def graphed(fns: dict, device: torch.device, calls: int) -> tuple[dict, int]:
+    """On a GPU, each function's ``calls`` calls captured in one CUDA graph, so that a timed replay divided by
+    ``calls`` is the kernels' own time, without the host's Python time or launch gaps (a microsecond-scale kernel
+    would otherwise be timed as the host's call); returns the replays and ``calls``. On a CPU: ``fns`` and 1."""
+    if device.type != "cuda":
+        return fns, 1
+    replays = {}
+    for name, fn in fns.items():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up (Triton and inductor compile, caches fill) off the capture
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                fn()
+        replays[name] = graph.replay
+    return replays, calls
+
+
 def copy_bandwidth(device: torch.device) -> float:
     """Bytes per second of a large copy (read + write), the memory floor's yardstick."""
     src = torch.randn(64 * 2**20, device=device)  # 256 MB
     dst = torch.empty_like(src)
-    t = statistics.median(timed_rounds({"copy": lambda: dst.copy_(src)}, repeats=7)["copy"])
+    fns, calls = graphed({"copy": lambda: dst.copy_(src)}, device, 10)
+    t = statistics.median(timed_rounds(fns, repeats=7)["copy"]) / calls
     return 2 * src.numel() * 4 / t
+
+
+def release(device: torch.device) -> None:
+    """Between sections on a GPU: free what the last one left, and say how much is still held (a leak would grow)."""
+    if device.type == "cuda":
+        gc.collect()
+        torch.cuda.empty_cache()
+        print(f"[GPU memory held between sections: {torch.cuda.memory_allocated(device) / 2**30:.2f} GiB]")
+
+
+def without_kernel(fn):
+    """``fn`` run with the fused GPU kernel switched off: the eager PyTorch rotation it replaces."""
+
+    def run():
+        available, rope_triton.available = rope_triton.available, lambda x: False
+        try:
+            return fn()
+        finally:
+            rope_triton.available = available
+
+    return run
 
 
 def main() -> None:
@@ -272,6 +317,7 @@ def main() -> None:
         print(f"{size}px  activations saved for backward MB: {saved}"
               + f"  (ours/APE {mem['ours RoPE'] / mem['APE trunk']:.3f})")  # fmt: skip
         del models
+        release(dev)
 
     # the rotation alone, q and k of one ViT-S layer, against the memory floor: the same bytes moved by a plain copy
     # (what any kernel must at least do: read q and k, write q and k), and by the machine's large-copy bandwidth
@@ -282,15 +328,17 @@ def main() -> None:
     qk = packed.view(args.batch, 197, 3, 6, 64).permute(2, 0, 3, 1, 4)[:2]  # q and k as strided views
     src, dst = torch.randn(qk.numel(), device=dev, dtype=act), torch.empty(qk.numel(), device=dev, dtype=act)
     turn = setup.compiled(lambda: rotate_packed(packed, table, 6, (True, True, False)))
-    how = "compiled (out of place, q, k and v in one kernel)" if args.compile else "in place in the qkv output"
-    t = timed_rounds(
-        {
-            "apply": turn,
-            "copy": lambda: dst.copy_(src),
-            "out of place": lambda: apply_rotary(qk, table),
-        },
-        repeats=51,
+    kernel = rope_triton.available(packed) and not args.compile
+    how = (
+        "compiled (out of place, q, k and v in one kernel)"
+        if args.compile
+        else "in place in the qkv output" + (", one Triton kernel" if kernel else "")
     )
+    fns = {"apply": turn, "copy": lambda: dst.copy_(src), "out of place": lambda: apply_rotary(qk, table)}
+    if kernel:
+        fns["eager"] = without_kernel(turn)
+    fns, calls = graphed(fns, dev, 50)
+    t = {k: [s / calls for s in v] for k, v in timed_rounds(fns, repeats=51).items()}
     floor_bytes = 2 * qk.numel() * qk.element_size()
     bandwidth = copy_bandwidth(dev)
     us = {k: 1e6 * statistics.median(v) for k, v in t.items()}
@@ -305,6 +353,10 @@ def main() -> None:
           f"q,k read + written at {floor_bytes / (1e-6 * us['apply']) / 1e9:.0f} GB/s = {share_of_bw:.0%} of the "
           f"large-copy bandwidth ({bandwidth / 1e9:.0f} GB/s)")  # fmt: skip
     print(f"out of place (apply_rotary on the q, k views into a new tensor, eager): {us['out of place']:.0f} us")
+    if kernel:
+        FIGURES["apply: eager PyTorch / kernel time"] = us["eager"] / us["apply"]
+        print(f"the same in place without the kernel (eager PyTorch): {us['eager']:.0f} us "
+              f"({us['eager'] / us['apply']:.2f}x the kernel's time)")  # fmt: skip
     if 224 in trunk_forward:
         # the same figure with far less noise than whole-model ratios: what the rotation adds to a forward pass
         share = 12 * us["apply"] / (1e6 * trunk_forward[224])
@@ -321,6 +373,7 @@ def main() -> None:
     print(f"RoPE-Mixed/axial throughput  forward {speed_ratio(fwd, 'mixed', 'axial', 'forward mixed/axial')}  "
           f"train step {speed_ratio(step, 'mixed', 'axial', 'train-step mixed/axial')}")  # fmt: skip
     del pair
+    release(dev)
     clip = torch.randn(max(args.batch // 4, 1), 3, 8, 224, 224, device=dev)
     image = torch.randn(max(args.batch // 4, 1), 3, 448, 448, device=dev)
     vid, img = setup.model("vit_rope3d_small", num_frames=8), setup.model("vit_rope_small", img_size=448)

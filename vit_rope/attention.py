@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .rope import RotaryTable, apply_rotary, rotate_packed
+from .rope import RotaryTable, apply_rotary, rotate_split
 
 ROPE_TARGETS = ("qk", "vo", "qkvo", "q", "k", "v", "o", "qkv", "none")
 
@@ -57,9 +57,10 @@ class Attention(nn.Module):
         if rope is not None and any(self._turn_qkv):
             if self.qkv._forward_hooks or nn.modules.module._global_forward_hooks:
                 qkv = qkv.clone()  # a hook may hold the projection's output: keep it as the hook saw it
-            qkv = rotate_packed(qkv, rope, self.num_heads, self._turn_qkv)
-        qkv = qkv.reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv.unbind(0)
+            split = rotate_split(qkv, rope, self.num_heads, self._turn_qkv)
+            q, k, v = split[0], split[1], split[2]  # indexed, not unpacked: torch.fx traces a tuple it cannot size
+        else:
+            q, k, v = qkv.reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.0)
         if rope is not None and "o" in self.rope_targets:
             x = apply_rotary(x, rope, inverse=True)

@@ -34,7 +34,9 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-__all__ = ["RotaryEmbedding", "RotaryTable", "apply_rotary", "rotate_packed"]
+from . import rope_triton
+
+__all__ = ["RotaryEmbedding", "RotaryTable", "apply_rotary", "rotate_packed", "rotate_split"]
 
 Layout = Literal["interleaved", "half"]
 Coords = Literal["index", "normalized"]
@@ -159,6 +161,54 @@ def rotate_packed(packed: Tensor, table: RotaryTable, num_heads: int, turn: tupl
     Gradients reach ``packed`` and learned frequencies; the latter are computed from the rotated output turned back,
     which holds because every table is a rotation (``cos² + sin² = 1``).
     """
+    _check_packed(packed, table, num_heads, turn)
+    if not any(turn):
+        return packed
+    first = turn.index(True)
+    last = len(turn) - turn[::-1].index(True)
+    if (
+        table.layout == "interleaved"
+        and (packed.dtype == table.cos.dtype or (packed.dtype in _HALF and table.cos.dtype == torch.float32))
+        and all(turn[first:last])
+        and (packed.is_contiguous() or _complex_viewable(packed))
+        and not _tracing()
+    ):
+        cis = _packed_view(table.cis)
+        if torch.is_grad_enabled() and (packed.requires_grad or cis.requires_grad):
+            return _RotateInPlace.apply(packed, cis, first, last, num_heads)
+        _turn_slots(packed, cis, first, last, num_heads)
+        return packed
+    t = table.packed(turn)
+    x = packed.unflatten(-1, (len(turn), num_heads, -1))
+    return _rotate_real(x, t.cos, t.sin, t.layout).flatten(2)
+
+
+@_fx_leaf
+def rotate_split(packed: Tensor, table: RotaryTable, num_heads: int, turn: tuple[bool, ...]) -> tuple[Tensor, ...]:
+    """:func:`rotate_packed`, then the slots apart: one ``(B, heads, N, dim)`` tensor a slot, as attention takes q, k
+    and v. While training on a GPU (the interleaved layout, one run of turned slots) both come from one kernel
+    (:class:`vit_rope.rope_triton.RotateSplit`) whose backward pass writes the projection's gradient, turned back,
+    in the one pass that gathering q, k and v's gradients takes anyway."""
+    _check_packed(packed, table, num_heads, turn)
+    if (
+        any(turn)
+        and rope_triton.available(packed)
+        and torch.is_grad_enabled()
+        and (packed.requires_grad or table.cos.requires_grad)
+        and table.layout == "interleaved"
+        and (packed.dtype == table.cos.dtype or (packed.dtype in _HALF and table.cos.dtype == torch.float32))
+        and all(turn[turn.index(True) : turn.index(True) + sum(turn)])  # one run of turned slots
+        and not _tracing()
+    ):
+        first = turn.index(True)
+        cis = _packed_view(table.cis)
+        return rope_triton.RotateSplit.apply(packed, cis, first, first + sum(turn), num_heads, len(turn))
+    packed = rotate_packed(packed, table, num_heads, turn)
+    return packed.unflatten(-1, (len(turn), num_heads, -1)).permute(2, 0, 3, 1, 4).unbind(0)
+
+
+def _check_packed(packed: Tensor, table: RotaryTable, num_heads: int, turn: tuple[bool, ...]) -> None:
+    """One clear error for a fused projection and table that do not fit together."""
     if packed.ndim != 3:
         raise ValueError(
             f"packed has shape {tuple(packed.shape)}; expected a fused projection (B, N, slots * heads * dim)"
@@ -180,25 +230,6 @@ def rotate_packed(packed: Tensor, table: RotaryTable, num_heads: int, turn: tupl
             f"the projection has {tokens} tokens but the rotary table has {table.num_tokens}; the grid (plus prefix "
             "tokens) must match the sequence length"
         )
-    if not any(turn):
-        return packed
-    first = turn.index(True)
-    last = len(turn) - turn[::-1].index(True)
-    if (
-        table.layout == "interleaved"
-        and (packed.dtype == table.cos.dtype or (packed.dtype in _HALF and table.cos.dtype == torch.float32))
-        and all(turn[first:last])
-        and (packed.is_contiguous() or _complex_viewable(packed))
-        and not _tracing()
-    ):
-        cis = _packed_view(table.cis)
-        if torch.is_grad_enabled() and (packed.requires_grad or cis.requires_grad):
-            return _RotateInPlace.apply(packed, cis, first, last, num_heads)
-        _turn_slots(packed, cis, first, last, num_heads)
-        return packed
-    t = table.packed(turn)
-    x = packed.unflatten(-1, (slots, num_heads, dim))
-    return _rotate_real(x, t.cos, t.sin, t.layout).flatten(2)
 
 
 class _RotateInPlace(torch.autograd.Function):
@@ -220,11 +251,15 @@ class _RotateInPlace(torch.autograd.Function):
         cis, out = ctx.saved_tensors
         (first, last), heads = ctx.span, ctx.num_heads
         grad = grad.contiguous()
-        grad_in = torch.empty_like(grad)  # one pass: turned slots rotated back, the others copied
-        _turn_slots(grad, cis.conj(), first, last, heads, out=grad_in)
-        g, g_in = (_real_pairs(t, heads, cis.shape[-1]) for t in (grad, grad_in))
-        g_in[:, :, :first] = g[:, :, :first]
-        g_in[:, :, last:] = g[:, :, last:]
+        grad_in = torch.empty_like(grad)  # turned slots rotated back, the others copied
+        g = _real_pairs(grad, heads, cis.shape[-1])
+        if rope_triton.available(grad):  # one kernel writes the whole row
+            rope_triton.rotate_rows(grad, cis, first, last, heads, inverse=True, out=grad_in)
+        else:
+            _turn_slots(grad, cis.conj(), first, last, heads, out=grad_in)
+            g_in = _real_pairs(grad_in, heads, cis.shape[-1])
+            g_in[:, :, :first] = g[:, :, :first]
+            g_in[:, :, last:] = g[:, :, last:]
         grad_cis = None
         if out is not None and ctx.needs_input_grad[1]:
             real = _REAL[cis.dtype]
@@ -251,6 +286,9 @@ def _turn_slots(packed: Tensor, cis: Tensor, first: int, last: int, num_heads: i
     """``out[slots] ← packed[slots] · cis`` over channel pairs as complex numbers (``out`` defaults to ``packed``:
     in place). The product is taken in the table's precision; bfloat16/float16 go through a float32 copy of the slots
     (complex numbers exist in neither) and are rounded once on the way back."""
+    if out is None and rope_triton.available(packed) and packed.is_contiguous():
+        rope_triton.rotate_rows(packed, cis, first, last, num_heads)  # one read and one write, any dtype
+        return
     src = _real_pairs(packed, num_heads, cis.shape[-1])[:, :, first:last]
     dst = src if out is None else _real_pairs(out, num_heads, cis.shape[-1])[:, :, first:last]
     real = _REAL[cis.dtype]

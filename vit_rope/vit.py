@@ -82,8 +82,11 @@ class Block(nn.Module):
 
     def residual(self, x: Tensor, y: Tensor, ls: nn.Module, drop_path: nn.Module) -> Tensor:
         """``x + drop_path(ls(y))``. With LayerScale and no stochastic depth this is one pass, ``addcmul``, instead
-        of a scaled copy of y and then the sum: the two passes make up about 1 % of a ViT-S forward on a CPU."""
-        if type(ls) is LayerScale and drop_path_off(drop_path) and not hooked(ls, drop_path):
+        of a scaled copy of y and then the sum: the two passes make up about 1 % of a ViT-S forward on a CPU. Not under
+        mixed precision (y in another dtype than x): autocast would run addcmul on a float32 copy of y and keep that
+        for backward, twice the bytes of the bfloat16 y that the plain product keeps."""
+        same_dtype = not isinstance(y, Tensor) or y.dtype == x.dtype  # (a torch.fx Proxy has none)
+        if same_dtype and type(ls) is LayerScale and drop_path_off(drop_path) and not hooked(ls, drop_path):
             return torch.addcmul(x, y, ls.gamma)
         return x + drop_path(ls(y))
 

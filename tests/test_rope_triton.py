@@ -1,0 +1,219 @@
+"""The fused rotation kernel (``vit_rope.rope_triton``) against float64 references and the eager path.
+
+Where a GPU is present these tests run the kernel on it. Without one, ``test_under_triton_interpreter`` runs them,
+and every ``rotate_packed`` test of test_rope.py, again in a fresh process under Triton's CPU interpreter
+(``TRITON_INTERPRET=1``), in which the kernel serves CPU tensors: the same kernel code, checked on any machine.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import timm
+import torch
+
+from vit_rope import RotaryEmbedding, rope_triton
+from vit_rope.rope import _packed_view, rotate_packed, rotate_split
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+needs_kernel = pytest.mark.skipif(
+    rope_triton.triton is None or not (torch.cuda.is_available() or rope_triton.INTERPRETED),
+    reason="no GPU here: test_under_triton_interpreter runs these under Triton's interpreter",
+)
+F64 = torch.float64
+# odd sizes on purpose: 3 heads of 48 channels (72 pairs a slot, not a power of two), a cls token, a 5 x 7 grid
+HEADS, DIM, GRID = 3, 48, (5, 7)
+
+
+def table(freqs: str, dtype=torch.float32):
+    rope = RotaryEmbedding(DIM, axes=2, num_prefix_tokens=1, freqs=freqs, num_heads=HEADS).to(DEVICE)
+    return rope, rope.table(GRID, device=DEVICE, dtype=dtype)
+
+
+def reference(x, cis, first, last, inverse=False):
+    """Slots [first, last) of x turned by cis in float64 complex arithmetic, rounded once to x's dtype."""
+    pairs = x.double().unflatten(-1, (-1, HEADS, DIM // 2, 2)).clone()
+    c = cis.to(torch.complex128)
+    z = torch.view_as_complex(pairs[:, :, first:last].contiguous()) * (c.conj() if inverse else c)
+    pairs[:, :, first:last] = torch.view_as_real(z)
+    return pairs.flatten(2).to(x.dtype)
+
+
+def assert_near(got, want, tol):
+    """‖got − want‖ ≤ tol ‖want‖: for sums of many rounded terms (gradients), where single elements can cancel."""
+    assert torch.linalg.vector_norm(got.double() - want.double()) <= tol * torch.linalg.vector_norm(want.double())
+
+
+def assert_one_rounding(got, want):
+    tol = {torch.float64: 1e-12, torch.float32: 1e-6}.get(got.dtype, torch.finfo(got.dtype).eps)
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("freqs", ["axial", "mixed"])
+@pytest.mark.parametrize("span", [(0, 2), (1, 3), (2, 3)])
+def test_kernel_in_place_turns_only_its_slots(dtype, freqs, span):
+    """In place: the turned slots equal the float64 rotation rounded once, every other element keeps its bits."""
+    _, t = table(freqs, F64 if dtype == F64 else torch.float32)
+    cis = _packed_view(t.cis)
+    x = torch.randn(3, 1 + 35, 3 * HEADS * DIM, device=DEVICE).to(dtype)
+    y = x.clone()
+    assert rope_triton.rotate_rows(y, cis, *span, HEADS) is y
+    want = reference(x, cis, *span)
+    slots = y.unflatten(-1, (3, -1))
+    assert_one_rounding(slots[:, :, span[0] : span[1]], want.unflatten(-1, (3, -1))[:, :, span[0] : span[1]])
+    untouched = [s for s in range(3) if not span[0] <= s < span[1]]
+    assert torch.equal(slots[:, :, untouched], x.unflatten(-1, (3, -1))[:, :, untouched])
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kernel_out_of_place_inverse_writes_every_element(dtype):
+    """Out of place (the backward pass): turned slots rotated back, the others copied, no element left unwritten."""
+    _, t = table("mixed")
+    cis = _packed_view(t.cis)
+    x = torch.randn(2, 1 + 35, 3 * HEADS * DIM, device=DEVICE).to(dtype)
+    out = torch.full_like(x, float("nan"))
+    assert rope_triton.rotate_rows(x, cis, 0, 2, HEADS, inverse=True, out=out) is out
+    assert_one_rounding(out, reference(x, cis, 0, 2, inverse=True))
+    assert torch.equal(out.unflatten(-1, (3, -1))[:, :, 2], x.unflatten(-1, (3, -1))[:, :, 2])
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """The kernels' launches in order, as ``(kernel, inverse)``; ``kernel_calls.off()`` sends rotate_packed and
+    rotate_split down the eager PyTorch path."""
+
+    class Calls(list):
+        def off(self):
+            monkeypatch.setattr(rope_triton, "available", lambda x: False)
+
+    calls = Calls()
+    for name in ("rotate_rows", "heads_to_rows"):
+        launch = getattr(rope_triton, name)
+
+        def counted(*args, name=name, launch=launch, **kwargs):
+            calls.append((name, kwargs.get("inverse", False)))
+            return launch(*args, **kwargs)
+
+        monkeypatch.setattr(rope_triton, name, counted)
+    return calls
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("freqs", ["axial", "mixed"])
+def test_kernel_serves_rotate_packed_with_gradients(dtype, freqs, kernel_calls):
+    """rotate_packed on the kernel (forward in place, backward one out-of-place pass) gives the eager path's values
+    and gradients, learned frequencies included."""
+    x = torch.randn(2, 1 + 35, 3 * HEADS * DIM, device=DEVICE).to(dtype).requires_grad_()
+    w = torch.randn_like(x)
+
+    def run():
+        torch.manual_seed(0)  # the same mixed init on both paths
+        rope, t = table(freqs)
+        packed = x * 1
+        y = rotate_packed(packed, t, HEADS, (True, True, False))
+        assert y.data_ptr() == packed.data_ptr()
+        grads = torch.autograd.grad((y.float() * w.float()).sum(), [x, *rope.parameters()])
+        return y.detach(), grads
+
+    y, grads = run()
+    assert kernel_calls == [("rotate_rows", False), ("rotate_rows", True)]  # in place, then back in backward
+    kernel_calls.off()
+    y_eager, grads_eager = run()
+    assert len(kernel_calls) == 2
+    assert_one_rounding(y, y_eager)
+    for got, want in zip(grads, grads_eager, strict=True):
+        assert_near(got, want, 1e-2 if dtype == torch.bfloat16 else 1e-5)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("freqs", ["axial", "mixed"])
+@pytest.mark.parametrize("turn", [(True, True, False), (False, True, True), (False, False, True)])
+def test_kernel_serves_rotate_split_with_gradients(dtype, freqs, turn, kernel_calls):
+    """rotate_split while training (one kernel forward, one a slot backward) gives the eager path's q, k, v and
+    gradients, learned frequencies included, for gradients of any strides."""
+    x = torch.randn(2, 1 + 35, 3 * HEADS * DIM, device=DEVICE).to(dtype).requires_grad_()
+    w = [torch.randn(2, HEADS, 1 + 35, DIM, device=DEVICE) for _ in range(2)]
+    w.append(torch.randn(2, 1 + 35, HEADS, DIM, device=DEVICE).transpose(1, 2))  # strided, as (B, N, heads, dim)
+
+    def run():
+        torch.manual_seed(0)  # the same mixed init on both paths
+        rope, t = table(freqs)
+        q, k, v = rotate_split(x * 1, t, HEADS, turn)
+        # v's gradient arrives with the strides of w[2] (heads and tokens transposed), as from a strided consumer
+        loss = sum((s.float() * ws).sum() for s, ws in zip((q, k, v), w, strict=True))
+        return torch.stack([q, k, v]).detach(), torch.autograd.grad(loss, [x, *rope.parameters()])
+
+    qkv, grads = run()
+    assert kernel_calls == [("rotate_rows", False)] + [("heads_to_rows", True)] * 3
+    kernel_calls.off()
+    qkv_eager, grads_eager = run()
+    assert_one_rounding(qkv, qkv_eager)
+    for got, want in zip(grads, grads_eager, strict=True):
+        assert_near(got, want, 1e-2 if dtype == torch.bfloat16 else 1e-5)
+
+
+@needs_kernel
+def test_kernel_in_a_model_matches_eager(kernel_calls):
+    """A RoPE ViT's outputs and gradients are the same with the kernel as with the eager rotation."""
+    torch.manual_seed(0)
+    model = timm.create_model("vit_rope_tiny", img_size=64, num_classes=5).to(DEVICE)
+    x = torch.randn(2, 3, 64, 64, device=DEVICE)
+
+    def run():
+        model.zero_grad()
+        with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=DEVICE == "cuda"):
+            y = model(x)
+        y.float().square().sum().backward()
+        return y.detach().float(), [p.grad.clone() for p in model.parameters()]
+
+    y, grads = run()
+    depth = len(model.blocks)  # a layer: q, k, v split in one launch, their gradients gathered in one a slot
+    assert kernel_calls == [("rotate_rows", False)] * depth + [("heads_to_rows", True)] * 3 * depth
+    kernel_calls.off()
+    y_eager, grads_eager = run()
+    tol = 2e-2 if DEVICE == "cuda" else 1e-5  # bfloat16 under autocast on a GPU, float32 on a CPU
+    for got, want in zip([y, *grads], [y_eager, *grads_eager], strict=True):
+        assert_near(got, want, tol)
+
+
+def test_environment_switches_the_kernel_off(monkeypatch):
+    x = torch.empty(1, device="cuda" if torch.cuda.is_available() else "cpu")
+    monkeypatch.setenv("VIT_ROPE_TRITON", "0")
+    assert not rope_triton.available(x)
+    monkeypatch.setenv("VIT_ROPE_TRITON", "1")
+    assert rope_triton.available(x) == (rope_triton.triton is not None and (x.is_cuda or rope_triton.INTERPRETED))
+
+
+@pytest.mark.skipif(
+    rope_triton.triton is None or rope_triton.INTERPRETED or torch.cuda.is_available(),
+    reason="the kernel runs natively here (or Triton is missing)",
+)
+def test_under_triton_interpreter():
+    """Without a GPU: the kernel tests above and test_rope.py's rotate_packed tests, under Triton's interpreter."""
+    root = Path(__file__).parent
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-k",
+            "kernel or rotate_packed",
+            str(root / "test_rope_triton.py"),
+            str(root / "test_rope.py"),
+        ],  # fmt: skip
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0 and " skipped" not in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]

@@ -1,0 +1,273 @@
+"""The rotation of q and k on a GPU as one Triton kernel: one read and one write of every turned element.
+
+Eager PyTorch turns bfloat16/float16 q and k in several passes (to float32, a complex multiply, back again), and
+without complex numbers a rotation takes five (two multiplies, a stack, an add, a flatten). This kernel loads each
+row's channel pairs once, turns them in float32 (float64 for float64 tables) with the cos/sin of its token and head,
+rounds once and stores them once: in place in a fused qkv projection for the forward pass, out of place over the whole
+row (turned slots rotated back, the others copied) for the backward pass.
+
+Used by :func:`vit_rope.rope.rotate_packed` for tensors on a GPU when Triton is installed (it comes with PyTorch's
+CUDA wheels on Linux), never while tracing or compiling: ``torch.compile`` fuses the real-arithmetic path itself.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import Tensor
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - a CPU-only PyTorch without Triton
+    triton = None
+
+__all__ = ["RotateSplit", "available", "heads_to_rows", "rotate_rows"]
+
+# a program's tile: up to max_pairs channel pairs of a row, as many rows as make `pairs` pairs in all (the fastest
+# of 45 tiles on an H100 for ViT-S q and k, bfloat16 and float32: bench/kernel_tiles.py)
+TILE = {"max_pairs": 128, "pairs": 512, "num_warps": 2}
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter (tests): CPU tensors allowed
+
+
+def available(x: Tensor) -> bool:
+    """Whether the kernel can turn ``x``: Triton is installed and x is on a GPU it drives (on any device when Triton
+    runs interpreted, which is how the tests check the kernel on a CPU), and ``VIT_ROPE_TRITON=0`` is not set (the
+    switch back to the eager PyTorch rotation, for comparison or a GPU that Triton mishandles)."""
+    return (
+        triton is not None
+        and (x.device.type == "cuda" or INTERPRETED)
+        and os.environ.get("VIT_ROPE_TRITON", "1") != "0"
+    )
+
+
+def rotate_rows(
+    src: Tensor,
+    cis: Tensor,
+    first: int,
+    last: int,
+    num_heads: int,
+    inverse: bool = False,
+    out: Tensor | None = None,
+) -> Tensor:
+    """Turn the channel pairs of slots ``[first, last)`` of a fused projection ``src (B, N, slots · heads · dim)``
+    by ``cis`` (complex, broadcastable as ``(N, 1, heads | 1, dim // 2)``; ``inverse`` turns by its conjugate).
+
+    ``out=None`` turns ``src`` in place, touching only those slots. With ``out`` (same shape, contiguous), every slot
+    is written: the turned ones rotated, the others copied. Returns the tensor written.
+    """
+    if triton is None:  # pragma: no cover
+        raise RuntimeError("the fused rotation needs Triton; install PyTorch's CUDA build, which brings it")
+    batch, tokens, width = src.shape
+    half = cis.shape[-1]
+    slot_pairs = num_heads * half  # channel pairs per slot
+    if not src.is_contiguous() or (out is not None and (not out.is_contiguous() or out.shape != src.shape)):
+        raise ValueError("rotate_rows needs a contiguous (B, N, width) input and an output of the same shape")
+    slots = width // (2 * slot_pairs)
+    if cis.shape[0] != tokens or cis.shape[2] not in (1, num_heads) or width != 2 * slot_pairs * slots or last > slots:
+        raise ValueError(f"a table of shape {tuple(cis.shape)} does not fit a projection of shape {tuple(src.shape)}")
+    table = torch.view_as_real(cis)  # (N, 1, heads | 1, half, 2): cos and sin side by side
+    in_place = out is None
+    dst = src if in_place else out
+    # in place only the turned slots are visited; out of place every pair of the row is written
+    begin, end = (first * slot_pairs, last * slot_pairs) if in_place else (0, width // 2)
+    rows, pairs = batch * tokens, end - begin
+    block_pairs = _block(pairs, TILE["max_pairs"])
+    block_rows = max(1, TILE["pairs"] // block_pairs)
+    grid = (triton.cdiv(rows, block_rows), triton.cdiv(pairs, block_pairs))
+    _rotate_kernel[grid](
+        src,
+        dst,
+        table,
+        rows,
+        tokens,
+        begin,
+        end,
+        first * slot_pairs,
+        last * slot_pairs,
+        half,
+        num_heads,
+        table.stride(0),
+        table.stride(2) if cis.shape[2] > 1 else 0,
+        table.stride(3),
+        width,
+        INVERSE=inverse,
+        BLOCK_ROWS=block_rows,
+        BLOCK_PAIRS=block_pairs,
+        num_warps=TILE["num_warps"],
+    )
+    return dst
+
+
+def _block(n: int, most: int) -> int:
+    """A power-of-two block for ``n`` columns: the largest one up to ``most`` that divides n (no masked lanes), or,
+    where that would be tiny, the smallest one that covers n (up to ``most``)."""
+    divides = min(n & -n, most)
+    return divides if divides >= 32 else min(triton.next_power_of_2(n), most)
+
+
+def heads_to_rows(src: Tensor, cis: Tensor, out: Tensor, slot: int, turn: bool, inverse: bool = False) -> None:
+    """Write one slot of a fused projection ``out (B, N, slots · heads · dim)`` from ``src (B, heads, N, dim)`` (any
+    strides, channels contiguous), turned by ``cis`` (as in :func:`rotate_rows`) where ``turn``, else copied: the
+    backward pass of :class:`RotateSplit`, which gathers the gradients of q, k and v into the projection's."""
+    batch, heads, tokens, dim = src.shape
+    if src.stride(-1) != 1:
+        src = src.contiguous()
+    table = torch.view_as_real(cis)
+    block_dim = triton.next_power_of_2(dim)
+    block_rows = max(1, 1024 // block_dim)
+    grid = (triton.cdiv(batch * tokens, block_rows), heads)
+    _heads_to_rows_kernel[grid](
+        src,
+        out,
+        table,
+        batch * tokens,
+        tokens,
+        dim,
+        *src.stride()[:3],
+        out.shape[-1],
+        slot * heads * dim,
+        table.stride(0),
+        table.stride(2) if cis.shape[2] > 1 else 0,
+        table.stride(3),
+        TURN=turn,
+        INVERSE=inverse,
+        BLOCK_ROWS=block_rows,
+        BLOCK_DIM=block_dim,
+        num_warps=TILE["num_warps"],
+    )
+
+
+class RotateSplit(torch.autograd.Function):
+    """A fused projection ``(B, N, slots · heads · dim)`` → one ``(B, heads, N, dim)`` tensor a slot (q, k, v of a qkv
+    Linear), slots ``[first, last)`` turned, for training on a GPU.
+
+    Forward: one kernel writes the turned projection into a new buffer (q, k, v are views of it, laid out as
+    attention reads them in an absolute-embedding ViT; the projection's own output is freed, so attention keeps
+    exactly the bytes it keeps there). Backward: the gradients of q, k and v come apart from attention, and one kernel
+    a slot writes them, turned back, straight into the projection's gradient: the gather that autograd would do
+    anyway (stack, then a copy to undo the head transpose) with the rotation folded in, and no in-place update of a
+    view for autograd to replay (``CopySlices``: two more copies of the projection's gradient).
+    """
+
+    @staticmethod
+    def forward(ctx, packed: Tensor, cis: Tensor, first: int, last: int, num_heads: int, slots: int):
+        batch, tokens, _ = packed.shape
+        out = rotate_rows(packed.contiguous(), cis, first, last, num_heads, out=torch.empty_like(packed))
+        ctx.span, ctx.num_heads = (first, last), num_heads
+        ctx.save_for_backward(cis, out if ctx.needs_input_grad[1] else None)
+        return out.view(batch, tokens, slots, num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, *grads: Tensor):
+        cis, out = ctx.saved_tensors
+        (first, last), heads = ctx.span, ctx.num_heads
+        batch, _, tokens, dim = grads[0].shape
+        grad_in = grads[0].new_empty(batch, tokens, len(grads) * heads * dim)
+        for slot, g in enumerate(grads):
+            heads_to_rows(g, cis, grad_in, slot, first <= slot < last, inverse=True)
+        grad_cis = None
+        if out is not None:
+            real = torch.float64 if cis.dtype == torch.complex128 else torch.float32
+            pairs = (batch, tokens, last - first, heads, dim // 2, 2)
+            g = torch.stack([gr.transpose(1, 2) for gr in grads[first:last]], 2).to(real).view(pairs)
+            z_out = out.view(batch, tokens, len(grads), heads, dim // 2, 2)[:, :, first:last].to(real)
+            z = torch.view_as_complex(z_out.contiguous()) * cis.conj()  # the input (|cis| = 1)
+            grad_cis = (torch.view_as_complex(g) * z.conj()).sum(0).sum(1, keepdim=True)  # (N, 1, heads, dim // 2)
+            if cis.shape[2] == 1:
+                grad_cis = grad_cis.sum(2, keepdim=True)
+        return grad_in, grad_cis, None, None, None, None
+
+
+if triton is not None:
+
+    @triton.jit
+    def _heads_to_rows_kernel(
+        src,
+        dst,
+        table,
+        rows,
+        tokens,
+        dim,
+        stride_batch,
+        stride_head,
+        stride_token,
+        width,
+        column,
+        table_token,
+        table_head,
+        table_pair,
+        TURN: tl.constexpr,
+        INVERSE: tl.constexpr,
+        BLOCK_ROWS: tl.constexpr,
+        BLOCK_DIM: tl.constexpr,
+    ):
+        # BLOCK_ROWS tokens of the batch x one head's channels: a (B, heads, N, dim) row in, a (B, N, width) row out
+        head = tl.program_id(1)
+        row = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+        channel = tl.arange(0, BLOCK_DIM)
+        token = row % tokens
+        mask = (row < rows)[:, None] & (channel < dim)[None, :]
+        start = (row // tokens).to(tl.int64) * stride_batch + head * stride_head + token.to(tl.int64) * stride_token
+        x = tl.load(src + start[:, None] + channel[None, :], mask=mask, other=0.0)
+        if TURN:
+            x0, x1 = tl.split(tl.reshape(x, (BLOCK_ROWS, BLOCK_DIM // 2, 2)))
+            pair = tl.arange(0, BLOCK_DIM // 2)
+            where = token[:, None] * table_token + head * table_head + pair[None, :] * table_pair
+            turned = (row < rows)[:, None] & (pair < dim // 2)[None, :]
+            cos = tl.load(table + where, mask=turned, other=1.0)
+            sin = tl.load(table + where + 1, mask=turned, other=0.0)
+            if INVERSE:
+                sin = -sin
+            x0 = x0.to(cos.dtype)
+            x1 = x1.to(cos.dtype)
+            x = tl.reshape(tl.join(x0 * cos - x1 * sin, x0 * sin + x1 * cos), (BLOCK_ROWS, BLOCK_DIM))
+        out = dst + row[:, None].to(tl.int64) * width + column + head * dim + channel[None, :]
+        tl.store(out, x.to(dst.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _rotate_kernel(
+        src,
+        dst,
+        table,
+        rows,
+        tokens,
+        begin,
+        end,
+        turn_begin,
+        turn_end,
+        half,
+        heads,
+        stride_token,
+        stride_head,
+        stride_pair,
+        width,
+        INVERSE: tl.constexpr,
+        BLOCK_ROWS: tl.constexpr,
+        BLOCK_PAIRS: tl.constexpr,
+    ):
+        # a tile of BLOCK_ROWS rows (tokens of the batch) x BLOCK_PAIRS channel pairs, loaded as contiguous elements
+        row = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+        pair = begin + tl.program_id(1) * BLOCK_PAIRS + tl.arange(0, BLOCK_PAIRS)
+        element = 2 * begin + tl.program_id(1) * 2 * BLOCK_PAIRS + tl.arange(0, 2 * BLOCK_PAIRS)
+        row_ok = row < rows
+        offsets = row[:, None].to(tl.int64) * width + element[None, :]
+        mask = row_ok[:, None] & (element[None, :] < 2 * end)
+        x = tl.load(src + offsets, mask=mask, other=0.0)
+        x0, x1 = tl.split(tl.reshape(x, (BLOCK_ROWS, BLOCK_PAIRS, 2)))
+
+        # cos/sin of each (token, head, pair); pairs outside the turned slots get the identity
+        head = (pair // half) % heads
+        where = (row % tokens)[:, None] * stride_token + (head * stride_head + (pair % half) * stride_pair)[None, :]
+        turned = row_ok[:, None] & ((pair >= turn_begin) & (pair < turn_end))[None, :]
+        cos = tl.load(table + where, mask=turned, other=1.0)
+        sin = tl.load(table + where + 1, mask=turned, other=0.0)
+        if INVERSE:
+            sin = -sin
+        x0 = x0.to(cos.dtype)
+        x1 = x1.to(cos.dtype)
+        y = tl.join(x0 * cos - x1 * sin, x0 * sin + x1 * cos)
+        y = tl.reshape(y, (BLOCK_ROWS, 2 * BLOCK_PAIRS))
+        tl.store(dst + offsets, y.to(dst.dtype.element_ty), mask=mask)
