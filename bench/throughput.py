@@ -24,7 +24,9 @@ of the fastest calls ("best"):
 ``--dtype bfloat16`` runs every model under bfloat16 autocast (float32 weights, as mixed-precision training does);
 ``--compile`` puts every model, and the apply, through ``torch.compile`` (the same for all, so ratios stay fair): then
 q and k turn through the real-arithmetic path that inductor compiles, out of place. On a GPU every timed call ends
-with a device synchronisation.
+with a device synchronisation, and the apply and the copies are timed as replays of a CUDA graph of 50 calls (10 for
+the large copy), so that microsecond kernels are not timed as the host's Python; the apply is also timed with the
+Triton kernel switched off (the eager PyTorch rotation it replaces).
 
 On Linux the run first tells glibc's malloc to keep the memory it frees (``--malloc keep``, the default): left to
 itself, glibc hands large freed blocks back to the kernel now and then, and the next call that needs them pays for

@@ -20,7 +20,9 @@ position interpolation (Chen et al. 2023), NTK-aware scaling (bloc97, 2023) or Y
 per-axis scale factors as in FiT (Lu et al. 2024, arXiv 2402.12376).
 
 Tables are computed in float64 and stored in float32 (float64 for float64 inputs), also under autocast, cached
-per grid/device/dtype. Inside attention, q and k turn in place in the fused qkv projection (``rotate_packed``).
+per grid/device/dtype. Inside attention, q and k turn in place in the fused qkv projection (``rotate_packed``); on a
+GPU one Triton kernel does that (``vit_rope.rope_triton``), and in training ``rotate_split`` turns and splits q, k, v
+in one pass each way.
 """
 
 from __future__ import annotations
@@ -154,7 +156,8 @@ def rotate_packed(packed: Tensor, table: RotaryTable, num_heads: int, turn: tupl
 
     Eagerly, for the interleaved layout, the turned slots are multiplied in place, in the layout the Linear wrote
     them: for float32/float64 the pass reads and writes q and k once and allocates nothing (bfloat16/float16 go
-    through a float32 copy of the slots and are rounded once), and attention then reads q, k, v exactly where an
+    through a float32 copy of the slots and are rounded once; on a GPU one Triton kernel reads and writes each dtype
+    once), and attention then reads q, k, v exactly where an
     absolute-embedding ViT would. ``packed`` must be a fresh result that nothing else
     holds (autograd's version counter checks that for backward). Otherwise (tracing, compile, export, other dtypes,
     the half layout, slots that are not one run) it returns a rotated copy through the real-arithmetic path.
@@ -285,7 +288,7 @@ def _real_pairs(packed: Tensor, num_heads: int, pairs: int) -> Tensor:
 def _turn_slots(packed: Tensor, cis: Tensor, first: int, last: int, num_heads: int, out: Tensor | None = None) -> None:
     """``out[slots] ← packed[slots] · cis`` over channel pairs as complex numbers (``out`` defaults to ``packed``:
     in place). The product is taken in the table's precision; bfloat16/float16 go through a float32 copy of the slots
-    (complex numbers exist in neither) and are rounded once on the way back."""
+    (complex numbers exist in neither) and are rounded once on the way back. In place on a GPU: the Triton kernel."""
     if out is None and rope_triton.available(packed) and packed.is_contiguous():
         rope_triton.rotate_rows(packed, cis, first, last, num_heads)  # one read and one write, any dtype
         return
