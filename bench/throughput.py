@@ -193,18 +193,28 @@ class Setup:
 
 
 def saved_bytes(model, x, setup: Setup) -> int:
-    """Bytes of the tensors autograd keeps for backward in one training forward (each storage counted once)."""
+    """Bytes of the tensors autograd keeps for backward in one training forward (each storage counted once).
+
+    The tensors are held in a list for the forward's length (alive, as the graph would hold them, so that no freed
+    storage's address is reused and miscounted) and not returned from the pack hook: a hook that returns an op's
+    saved *output* makes a reference cycle (output → its node → the saved output) that is never freed, and every
+    call would leak its whole graph (on a GPU at batch 128, out of memory after a few models)."""
     seen: dict[int, int] = {}
+    held = []
 
     def pack(t):
         s = t.untyped_storage()
         seen[s.data_ptr()] = s.nbytes()
-        return t
+        held.append(t)
+
+    def unpack(_):
+        raise RuntimeError("saved_bytes measures a forward; it cannot run backward")
 
     model.train()
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), setup.autocast():
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack), setup.autocast():
         loss = model(x).sum()
     del loss
+    held.clear()
     return sum(seen.values())
 
 

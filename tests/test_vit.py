@@ -194,13 +194,13 @@ def test_layerscale_residual_under_autocast_keeps_no_float32_copy():
     x = torch.randn(2, 17, 192, requires_grad=True, device="cuda")
 
     def saved_bytes(run):
-        storages = {}
+        storages, held = {}, []  # held: alive while the forward runs, so no freed address is reused and miscounted
 
-        def pack(t):
+        def pack(t):  # returns nothing: returning a saved output would tie it to its own graph node (a leak)
             storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-            return t
+            held.append(t)
 
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cuda", torch.bfloat16):
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda _: None), torch.autocast("cuda", torch.bfloat16):
             run(x)
         return sum(storages.values())
 
