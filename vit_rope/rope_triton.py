@@ -6,12 +6,15 @@ row's channel pairs once, turns them in float32 (float64 for float64 tables) wit
 rounds once and stores them once: in place in a fused qkv projection for the forward pass, out of place over the whole
 row (turned slots rotated back, the others copied) for the backward pass.
 
-Used by :func:`vit_rope.rope.rotate_packed` for tensors on a GPU when Triton is installed (it comes with PyTorch's
-CUDA wheels on Linux), never while tracing or compiling: ``torch.compile`` fuses the real-arithmetic path itself.
+Used by :func:`vit_rope.rope.rotate_packed` (in place) and :func:`vit_rope.rope.rotate_split` (training:
+:class:`RotateSplit`) for tensors on a GPU when Triton is installed (it comes with PyTorch's CUDA wheels on Linux),
+never while tracing or compiling: ``torch.compile`` fuses the real-arithmetic path itself.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 
 import torch
@@ -32,14 +35,27 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpre
 
 
 def available(x: Tensor) -> bool:
-    """Whether the kernel can turn ``x``: Triton is installed and x is on a GPU it drives (on any device when Triton
-    runs interpreted, which is how the tests check the kernel on a CPU), and ``VIT_ROPE_TRITON=0`` is not set (the
-    switch back to the eager PyTorch rotation, for comparison or a GPU that Triton mishandles)."""
-    return (
-        triton is not None
-        and (x.device.type == "cuda" or INTERPRETED)
-        and os.environ.get("VIT_ROPE_TRITON", "1") != "0"
-    )
+    """Whether the kernel can turn ``x``: Triton is installed, x is on a GPU it drives (an NVIDIA GPU of compute
+    capability 8.0 or later, Ampere on, or an AMD GPU; on any device when Triton runs interpreted, which is how the
+    tests check the kernel on a CPU), and ``VIT_ROPE_TRITON=0`` is not set (the switch back to the eager PyTorch
+    rotation, for comparison or a GPU that Triton mishandles)."""
+    if triton is None or os.environ.get("VIT_ROPE_TRITON", "1") == "0":
+        return False
+    if INTERPRETED:
+        return True
+    return x.device.type == "cuda" and _supported(x.device.index)
+
+
+@functools.cache
+def _supported(index: int | None) -> bool:
+    if torch.version.hip:
+        return True
+    return torch.cuda.get_device_capability(index) >= (8, 0)
+
+
+def _on(device: torch.device):
+    """Triton launches on the current CUDA device, not the tensor's: make the tensor's current while launching."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def rotate_rows(
@@ -76,27 +92,28 @@ def rotate_rows(
     block_pairs = _block(pairs, TILE["max_pairs"])
     block_rows = max(1, TILE["pairs"] // block_pairs)
     grid = (triton.cdiv(rows, block_rows), triton.cdiv(pairs, block_pairs))
-    _rotate_kernel[grid](
-        src,
-        dst,
-        table,
-        rows,
-        tokens,
-        begin,
-        end,
-        first * slot_pairs,
-        last * slot_pairs,
-        half,
-        num_heads,
-        table.stride(0),
-        table.stride(2) if cis.shape[2] > 1 else 0,
-        table.stride(3),
-        width,
-        INVERSE=inverse,
-        BLOCK_ROWS=block_rows,
-        BLOCK_PAIRS=block_pairs,
-        num_warps=TILE["num_warps"],
-    )
+    with _on(src.device):
+        _rotate_kernel[grid](
+            src,
+            dst,
+            table,
+            rows,
+            tokens,
+            begin,
+            end,
+            first * slot_pairs,
+            last * slot_pairs,
+            half,
+            num_heads,
+            table.stride(0),
+            table.stride(2) if cis.shape[2] > 1 else 0,
+            table.stride(3),
+            width,
+            INVERSE=inverse,
+            BLOCK_ROWS=block_rows,
+            BLOCK_PAIRS=block_pairs,
+            num_warps=TILE["num_warps"],
+        )
     return dst
 
 
@@ -118,25 +135,26 @@ def heads_to_rows(src: Tensor, cis: Tensor, out: Tensor, slot: int, turn: bool, 
     block_dim = triton.next_power_of_2(dim)
     block_rows = max(1, 1024 // block_dim)
     grid = (triton.cdiv(batch * tokens, block_rows), heads)
-    _heads_to_rows_kernel[grid](
-        src,
-        out,
-        table,
-        batch * tokens,
-        tokens,
-        dim,
-        *src.stride()[:3],
-        out.shape[-1],
-        slot * heads * dim,
-        table.stride(0),
-        table.stride(2) if cis.shape[2] > 1 else 0,
-        table.stride(3),
-        TURN=turn,
-        INVERSE=inverse,
-        BLOCK_ROWS=block_rows,
-        BLOCK_DIM=block_dim,
-        num_warps=TILE["num_warps"],
-    )
+    with _on(src.device):
+        _heads_to_rows_kernel[grid](
+            src,
+            out,
+            table,
+            batch * tokens,
+            tokens,
+            dim,
+            *src.stride()[:3],
+            out.shape[-1],
+            slot * heads * dim,
+            table.stride(0),
+            table.stride(2) if cis.shape[2] > 1 else 0,
+            table.stride(3),
+            TURN=turn,
+            INVERSE=inverse,
+            BLOCK_ROWS=block_rows,
+            BLOCK_DIM=block_dim,
+            num_warps=TILE["num_warps"],
+        )
 
 
 class RotateSplit(torch.autograd.Function):
@@ -154,7 +172,8 @@ class RotateSplit(torch.autograd.Function):
     @staticmethod
     def forward(ctx, packed: Tensor, cis: Tensor, first: int, last: int, num_heads: int, slots: int):
         batch, tokens, _ = packed.shape
-        out = rotate_rows(packed.contiguous(), cis, first, last, num_heads, out=torch.empty_like(packed))
+        src = packed.contiguous()
+        out = rotate_rows(src, cis, first, last, num_heads, out=torch.empty_like(src))
         ctx.span, ctx.num_heads = (first, last), num_heads
         ctx.save_for_backward(cis, out if ctx.needs_input_grad[1] else None)
         return out.view(batch, tokens, slots, num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
@@ -165,14 +184,16 @@ class RotateSplit(torch.autograd.Function):
         cis, out = ctx.saved_tensors
         (first, last), heads = ctx.span, ctx.num_heads
         batch, _, tokens, dim = grads[0].shape
-        grad_in = grads[0].new_empty(batch, tokens, len(grads) * heads * dim)
-        for slot, g in enumerate(grads):
-            heads_to_rows(g, cis, grad_in, slot, first <= slot < last, inverse=True)
+        grad_in = None
+        if ctx.needs_input_grad[0]:
+            grad_in = grads[0].new_empty(batch, tokens, len(grads) * heads * dim)
+            for slot, g in enumerate(grads):
+                heads_to_rows(g, cis, grad_in, slot, first <= slot < last, inverse=True)
         grad_cis = None
         if out is not None:
             real = torch.float64 if cis.dtype == torch.complex128 else torch.float32
             pairs = (batch, tokens, last - first, heads, dim // 2, 2)
-            g = torch.stack([gr.transpose(1, 2) for gr in grads[first:last]], 2).to(real).view(pairs)
+            g = torch.stack([gr.transpose(1, 2) for gr in grads[first:last]], 2).to(real).contiguous().view(pairs)
             z_out = out.view(batch, tokens, len(grads), heads, dim // 2, 2)[:, :, first:last].to(real)
             z = torch.view_as_complex(z_out.contiguous()) * cis.conj()  # the input (|cis| = 1)
             grad_cis = (torch.view_as_complex(g) * z.conj()).sum(0).sum(1, keepdim=True)  # (N, 1, heads, dim // 2)
@@ -205,7 +226,7 @@ if triton is not None:
         BLOCK_DIM: tl.constexpr,
     ):
         # BLOCK_ROWS tokens of the batch x one head's channels: a (B, heads, N, dim) row in, a (B, N, width) row out
-        head = tl.program_id(1)
+        head = tl.program_id(1).to(tl.int64)
         row = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
         channel = tl.arange(0, BLOCK_DIM)
         token = row % tokens
@@ -268,6 +289,7 @@ if triton is not None:
             sin = -sin
         x0 = x0.to(cos.dtype)
         x1 = x1.to(cos.dtype)
-        y = tl.join(x0 * cos - x1 * sin, x0 * sin + x1 * cos)
+        # pairs outside the turned slots are copied as they are (x·1 − y·0 would turn inf beside them into NaN)
+        y = tl.join(tl.where(turned, x0 * cos - x1 * sin, x0), tl.where(turned, x0 * sin + x1 * cos, x1))
         y = tl.reshape(y, (BLOCK_ROWS, 2 * BLOCK_PAIRS))
         tl.store(dst + offsets, y.to(dst.dtype.element_ty), mask=mask)
