@@ -192,6 +192,26 @@ def test_kernel_in_a_model_matches_eager(kernel_calls):
         assert_near(got, want, tol)
 
 
+@pytest.mark.skipif(rope_triton.triton is None or rope_triton.INTERPRETED, reason="needs Triton's compiler")
+@pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
+@pytest.mark.parametrize("arch", [80, 90])  # Ampere, Hopper
+def test_triton_compiles_for_ampere_and_hopper(arch):
+    """Both kernels compile to machine code for NVIDIA GPUs (Triton's own ptxas; no GPU needed) for each dtype: what
+    the interpreter cannot show (it runs the code; it does not compile it for a GPU)."""
+    compiler = pytest.importorskip("triton.compiler")
+    target = pytest.importorskip("triton.backends.compiler").GPUTarget("cuda", arch, 32)
+    cases = [(rope_triton._rotate_kernel, {"INVERSE": i, "BLOCK_ROWS": 4, "BLOCK_PAIRS": 128}) for i in (False, True)]
+    cases += [(rope_triton._heads_to_rows_kernel, {"TURN": t, "INVERSE": True, "BLOCK_ROWS": 16, "BLOCK_DIM": 64})
+              for t in (False, True)]  # fmt: skip
+    for kernel, constexprs in cases:
+        for data, table in (("bf16", "fp32"), ("fp16", "fp32"), ("fp32", "fp32"), ("fp64", "fp64")):
+            signature = {"src": f"*{data}", "dst": f"*{data}", "table": f"*{table}"}
+            signature |= {n: "constexpr" if n in constexprs else "i32" for n in kernel.arg_names[3:]}
+            source = compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+            compiled = compiler.compile(source, target=target, options={"num_warps": rope_triton.TILE["num_warps"]})
+            assert compiled.asm["cubin"]
+
+
 def test_environment_switches_the_kernel_off(monkeypatch):
     x = torch.empty(1, device=DEVICE)
     monkeypatch.setenv("VIT_ROPE_TRITON", "1")
