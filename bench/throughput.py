@@ -4,6 +4,7 @@
     uv run python bench/throughput.py --repeats 25 --sizes 224
     uv run python bench/throughput.py --processes 3        # the whole run three times, summarised
     uv run python bench/throughput.py --device cuda --dtype bfloat16 --batch 128 --compile   # a GPU, compiled
+    uv run python bench/throughput.py --device cuda --dtype bfloat16 --batch 128 --profile   # kernels of a train step
 
 Models are timed interleaved (one call of each per round, a different one first each round, after warm-up), and
 every figure that matters is printed as a ratio measured in this run: the median over rounds of the ratio within a
@@ -249,6 +250,29 @@ def copy_bandwidth(device: torch.device) -> float:
     return 2 * src.numel() * 4 / t
 
 
+def profile_train_steps(setup: Setup, batch: int, size: int, steps: int = 3) -> None:
+    """Where a RoPE train step's extra time goes: torch.profiler over a few train steps of our RoPE and our APE model
+    (identical code but for the rotation), the kernels that take the most time in each, and the totals."""
+    from torch.profiler import ProfilerActivity, profile
+
+    x = torch.randn(batch, 3, size, size, device=setup.device)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if setup.device.type == "cuda" else [])
+    sort = "self_cuda_time_total" if setup.device.type == "cuda" else "self_cpu_time_total"
+    for name in ("vit_rope_small", "vit_ape_small"):
+        step = setup.train_fn(setup.model(name, img_size=size), x)
+        for _ in range(2):
+            step()
+        synchronize()
+        with profile(activities=activities) as prof:
+            for _ in range(steps):
+                step()
+            synchronize()
+        print(f"\n{name}, {size}px, batch {batch}, {steps} train steps")
+        print(prof.key_averages().table(sort_by=sort, row_limit=20))
+        del step
+        release(setup.device)
+
+
 def release(device: torch.device) -> None:
     """Between sections on a GPU: free what the last one left, and say how much is still held (a leak would grow)."""
     if device.type == "cuda":
@@ -281,6 +305,7 @@ def main() -> None:
     p.add_argument("--compile", action="store_true", help="torch.compile every model and the apply")
     p.add_argument("--malloc", default="keep", choices=["keep", "default"], help="see the docstring")
     p.add_argument("--processes", type=int, default=1, help="repeat the whole run in this many fresh processes")
+    p.add_argument("--profile", action="store_true", help="only profile a train step of ours RoPE and ours APE")
     p.add_argument("--figures-json", help=argparse.SUPPRESS)  # where a child process leaves its figures
     args, argv = p.parse_args(), sys.argv[1:]
     if args.processes > 1:
@@ -304,6 +329,8 @@ def main() -> None:
         "timm RoPE": "vit_small_patch16_rope_224",
         "ours APE": "vit_ape_small",  # our own trunk with APE: what RoPE costs on exactly our code
     }
+    if args.profile:
+        return profile_train_steps(setup, args.batch, args.sizes[0])
     trunk_forward = {}
     for size in args.sizes:
         models = {k: setup.model(n, img_size=size) for k, n in names.items()}
