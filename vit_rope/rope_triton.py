@@ -1,10 +1,11 @@
-"""The rotation of q and k on a GPU as one Triton kernel: one read and one write of every turned element.
+"""The rotation of q and k on a GPU in Triton kernels: one read and one write of every element they touch.
 
 Eager PyTorch turns bfloat16/float16 q and k in several passes (to float32, a complex multiply, back again), and
 without complex numbers a rotation takes five (two multiplies, a stack, an add, a flatten). This kernel loads each
 row's channel pairs once, turns them in float32 (float64 for float64 tables) with the cos/sin of its token and head,
-rounds once and stores them once: in place in a fused qkv projection for the forward pass, out of place over the whole
-row (turned slots rotated back, the others copied) for the backward pass.
+rounds once and stores them once: in place in a fused qkv projection, or out of place over the whole row (turned slots
+rotated, the others copied). A second kernel gathers per-head tensors (the gradients of q, k and v) back into a fused
+projection's rows, turning them back on the way.
 
 Used by :func:`vit_rope.rope.rotate_packed` (in place) and :func:`vit_rope.rope.rotate_split` (training:
 :class:`RotateSplit`) for tensors on a GPU when Triton is installed (it comes with PyTorch's CUDA wheels on Linux),
@@ -164,9 +165,8 @@ class RotateSplit(torch.autograd.Function):
     Forward: one kernel writes the turned projection into a new buffer (q, k, v are views of it, laid out as
     attention reads them in an absolute-embedding ViT; the projection's own output is freed, so attention keeps
     exactly the bytes it keeps there). Backward: the gradients of q, k and v come apart from attention, and one kernel
-    a slot writes them, turned back, straight into the projection's gradient: the gather that autograd would do
-    anyway (stack, then a copy to undo the head transpose) with the rotation folded in, and no in-place update of a
-    view for autograd to replay (``CopySlices``: two more copies of the projection's gradient).
+    a slot writes them, turned back, straight into the projection's gradient: the gather that autograd does anyway
+    for an absolute-embedding ViT (a stack, then a copy to undo the head transpose), with the rotation folded in.
     """
 
     @staticmethod
