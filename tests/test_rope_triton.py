@@ -192,6 +192,28 @@ def test_kernel_in_a_model_matches_eager(kernel_calls):
         assert_near(got, want, tol)
 
 
+@needs_kernel
+def test_kernel_under_gradient_checkpointing(kernel_calls):
+    """timm's gradient checkpointing reruns each block's forward in backward: the kernel path gives the gradients of
+    an ordinary backward pass."""
+    torch.manual_seed(0)
+    model = timm.create_model("vit_rope_tiny", img_size=64, num_classes=5).to(DEVICE)
+    x = torch.randn(2, 3, 64, 64, device=DEVICE)
+
+    def grads(checkpointing):
+        model.zero_grad()
+        model.set_grad_checkpointing(checkpointing)
+        model(x).square().sum().backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    plain = grads(False)
+    kernel_calls.clear()
+    checkpointed = grads(True)
+    assert kernel_calls.count(("rotate_rows", False)) == 2 * len(model.blocks)  # forward, then again in backward
+    for got, want in zip(checkpointed, plain, strict=True):
+        assert_near(got, want, 1e-6 if DEVICE == "cpu" else 1e-4)  # GPU attention backward may sum in another order
+
+
 @pytest.mark.skipif(rope_triton.triton is None or rope_triton.INTERPRETED, reason="needs Triton's compiler")
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
 @pytest.mark.parametrize("arch", [80, 90])  # Ampere, Hopper
