@@ -206,6 +206,17 @@ class RotateSplit(torch.autograd.Function):
 if triton is not None:
 
     @triton.jit
+    def _turn(x0, x1, cis, mask, INVERSE: tl.constexpr):
+        """Channel pairs (x0, x1) turned by the cos/sin pairs at ``cis`` (where ``mask``), in the table's precision."""
+        cos = tl.load(cis, mask=mask, other=1.0)
+        sin = tl.load(cis + 1, mask=mask, other=0.0)
+        if INVERSE:
+            sin = -sin
+        x0 = x0.to(cos.dtype)
+        x1 = x1.to(cos.dtype)
+        return x0 * cos - x1 * sin, x0 * sin + x1 * cos
+
+    @triton.jit
     def _heads_to_rows_kernel(
         src,
         dst,
@@ -239,13 +250,8 @@ if triton is not None:
             pair = tl.arange(0, BLOCK_DIM // 2)
             where = token[:, None] * table_token + head * table_head + pair[None, :] * table_pair
             turned = (row < rows)[:, None] & (pair < dim // 2)[None, :]
-            cos = tl.load(table + where, mask=turned, other=1.0)
-            sin = tl.load(table + where + 1, mask=turned, other=0.0)
-            if INVERSE:
-                sin = -sin
-            x0 = x0.to(cos.dtype)
-            x1 = x1.to(cos.dtype)
-            x = tl.reshape(tl.join(x0 * cos - x1 * sin, x0 * sin + x1 * cos), (BLOCK_ROWS, BLOCK_DIM))
+            y0, y1 = _turn(x0, x1, table + where, turned, INVERSE)
+            x = tl.reshape(tl.join(y0, y1), (BLOCK_ROWS, BLOCK_DIM))
         out = dst + row[:, None].to(tl.int64) * width + column + head * dim + channel[None, :]
         tl.store(out, x.to(dst.dtype.element_ty), mask=mask)
 
@@ -284,13 +290,8 @@ if triton is not None:
         head = (pair // half) % heads
         where = (row % tokens)[:, None] * stride_token + (head * stride_head + (pair % half) * stride_pair)[None, :]
         turned = row_ok[:, None] & ((pair >= turn_begin) & (pair < turn_end))[None, :]
-        cos = tl.load(table + where, mask=turned, other=1.0)
-        sin = tl.load(table + where + 1, mask=turned, other=0.0)
-        if INVERSE:
-            sin = -sin
-        x0 = x0.to(cos.dtype)
-        x1 = x1.to(cos.dtype)
+        y0, y1 = _turn(x0, x1, table + where, turned, INVERSE)
         # pairs outside the turned slots are copied as they are (x·1 − y·0 would turn inf beside them into NaN)
-        y = tl.join(tl.where(turned, x0 * cos - x1 * sin, x0), tl.where(turned, x0 * sin + x1 * cos, x1))
+        y = tl.join(tl.where(turned, y0, x0), tl.where(turned, y1, x1))
         y = tl.reshape(y, (BLOCK_ROWS, 2 * BLOCK_PAIRS))
         tl.store(dst + offsets, y.to(dst.dtype.element_ty), mask=mask)
