@@ -1,7 +1,7 @@
 """vit-rope: Vision Transformers with n-dimensional rotary position embeddings, registered in timm."""
 
 from . import video, vit  # noqa: F401  (register the models in timm)
-from .rope import RotaryEmbedding, RotaryTable, apply_rotary, rotate_packed
+from .rope import RotaryEmbedding, RotaryTable, apply_rotary, rotate_packed, rotate_split
 from .video import VideoVisionTransformer
 from .vit import VisionTransformer, checkpoint_filter_fn
 
@@ -13,5 +13,6 @@ __all__ = [
     "apply_rotary",
     "checkpoint_filter_fn",
     "rotate_packed",
+    "rotate_split",
 ]
 __version__ = "0.1.0"
