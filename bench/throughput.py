@@ -285,11 +285,11 @@ def without_kernel(fn):
     """``fn`` run with the fused GPU kernel switched off: the eager PyTorch rotation it replaces."""
 
     def run():
-        available, rope_triton.available = rope_triton.available, lambda x: False
+        os.environ["VIT_ROPE_TRITON"] = "0"
         try:
             return fn()
         finally:
-            rope_triton.available = available
+            del os.environ["VIT_ROPE_TRITON"]
 
     return run
 

@@ -167,15 +167,9 @@ def rotate_packed(packed: Tensor, table: RotaryTable, num_heads: int, turn: tupl
     _check_packed(packed, table, num_heads, turn)
     if not any(turn):
         return packed
-    first = turn.index(True)
-    last = len(turn) - turn[::-1].index(True)
-    if (
-        table.layout == "interleaved"
-        and (packed.dtype == table.cos.dtype or (packed.dtype in _HALF and table.cos.dtype == torch.float32))
-        and all(turn[first:last])
-        and (packed.is_contiguous() or _complex_viewable(packed))
-        and not _tracing()
-    ):
+    span = _turned_run(turn)
+    if span is not None and _fast_path_fits(packed, table) and (packed.is_contiguous() or _complex_viewable(packed)):
+        first, last = span
         cis = _packed_view(table.cis)
         if torch.is_grad_enabled() and (packed.requires_grad or cis.requires_grad):
             return _RotateInPlace.apply(packed, cis, first, last, num_heads)
@@ -192,22 +186,34 @@ def rotate_split(packed: Tensor, table: RotaryTable, num_heads: int, turn: tuple
     and v. While training on a GPU (the interleaved layout, one run of turned slots) both come from one kernel
     (:class:`vit_rope.rope_triton.RotateSplit`) whose backward pass writes the projection's gradient, turned back,
     in the one pass that gathering q, k and v's gradients takes anyway."""
-    _check_packed(packed, table, num_heads, turn)
+    span = _turned_run(turn)
     if (
-        any(turn)
+        span is not None
         and rope_triton.available(packed)
         and torch.is_grad_enabled()
         and (packed.requires_grad or table.cos.requires_grad)
-        and table.layout == "interleaved"
-        and (packed.dtype == table.cos.dtype or (packed.dtype in _HALF and table.cos.dtype == torch.float32))
-        and all(turn[turn.index(True) : turn.index(True) + sum(turn)])  # one run of turned slots
-        and not _tracing()
+        and _fast_path_fits(packed, table)
     ):
-        first = turn.index(True)
-        cis = _packed_view(table.cis)
-        return rope_triton.RotateSplit.apply(packed, cis, first, first + sum(turn), num_heads, len(turn))
+        _check_packed(packed, table, num_heads, turn)
+        return rope_triton.RotateSplit.apply(packed, _packed_view(table.cis), *span, num_heads, len(turn))
     packed = rotate_packed(packed, table, num_heads, turn)
     return packed.unflatten(-1, (len(turn), num_heads, -1)).permute(2, 0, 3, 1, 4).unbind(0)
+
+
+def _turned_run(turn: tuple[bool, ...]) -> tuple[int, int] | None:
+    """``(first, last)`` of the turned slots when they are one run (what the in-place paths turn), else None."""
+    if not any(turn):
+        return None
+    first = turn.index(True)
+    last = len(turn) - turn[::-1].index(True)
+    return (first, last) if all(turn[first:last]) else None
+
+
+def _fast_path_fits(packed: Tensor, table: RotaryTable) -> bool:
+    """Whether the in-place complex/kernel paths take this projection and table: the interleaved layout, a dtype the
+    table's precision serves (its own, or bf16/fp16 against a float32 table), and no tracing or compiling."""
+    same = packed.dtype == table.cos.dtype or (packed.dtype in _HALF and table.cos.dtype == torch.float32)
+    return table.layout == "interleaved" and same and not _tracing()
 
 
 def _check_packed(packed: Tensor, table: RotaryTable, num_heads: int, turn: tuple[bool, ...]) -> None:
