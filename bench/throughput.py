@@ -285,11 +285,15 @@ def without_kernel(fn):
     """``fn`` run with the fused GPU kernel switched off: the eager PyTorch rotation it replaces."""
 
     def run():
+        before = os.environ.get("VIT_ROPE_TRITON")
         os.environ["VIT_ROPE_TRITON"] = "0"
         try:
             return fn()
         finally:
-            del os.environ["VIT_ROPE_TRITON"]
+            if before is None:
+                del os.environ["VIT_ROPE_TRITON"]
+            else:
+                os.environ["VIT_ROPE_TRITON"] = before
 
     return run
 
