@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vit_rope import RotaryEmbedding, apply_rotary
-from vit_rope.rope import RotaryTable, rotate_packed
+from vit_rope.rope import RotaryTable, rotate_packed, rotate_split
 
 F64 = torch.float64
 
@@ -164,6 +164,49 @@ def test_rotate_packed_gradients_equal_rotating_each_slot(turn, freqs):
 
     for got, want in zip(grads(lambda p, t: rotate_packed(p, t, heads, turn)), grads(one_by_one), strict=True):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("turn", PACKED_TURNS)
+@pytest.mark.parametrize("freqs", ["axial", "mixed"])
+@pytest.mark.parametrize("use", ["q k v", "q k", "q k v and the projection"])
+def test_rotate_split_gradients_equal_rotating_each_slot(turn, freqs, use):
+    """rotate_split's q, k, v are views of the projection turned in place; their gradients (of any strides, some
+    unused, or beside a use of the projection itself) reach the projection and learned frequencies as they would
+    through turning q, k, v one by one."""
+    heads, dim = 2, 16
+    rope = RotaryEmbedding(dim, axes=2, num_prefix_tokens=1, freqs=freqs, num_heads=heads).double()
+    x = torch.randn(2, 1 + 12, 3 * heads * dim, dtype=F64, requires_grad=True)
+    w = [torch.randn(2, heads, 13, dim, dtype=F64), torch.randn(2, 13, heads, dim, dtype=F64).transpose(1, 2)]
+    w.append(torch.randn(2, heads, dim, 13, dtype=F64).transpose(2, 3))  # channels not contiguous
+    w_packed = torch.randn(2, 13, 3 * heads * dim, dtype=F64)
+
+    def grads(split):
+        rope.zero_grad()
+        slots, turned = split(x * 1, rope.table((3, 4), dtype=F64))
+        loss = sum((s * ws).sum() for s, ws in zip(slots, w, strict=True) if use != "q k" or ws is not w[2])
+        if use == "q k v and the projection":
+            loss = loss + (turned * w_packed).sum()
+        # learned frequencies go unused where only v turns and v is not used
+        return torch.stack(slots).detach(), torch.autograd.grad(loss, [x, *rope.parameters()], allow_unused=True)
+
+    def one_by_one(p, t):
+        slots = p.unflatten(-1, (3, heads, dim)).permute(2, 0, 3, 1, 4)  # (3, B, heads, N, dim)
+        turned = [apply_rotary(q, t) if f else q for q, f in zip(slots, turn, strict=True)]
+        return turned, torch.stack(turned).permute(1, 3, 0, 2, 4).flatten(2)
+
+    def in_place(p, t):
+        q, k, v = rotate_split(p, t, heads, turn)
+        if turn != (True, False, True):  # one run of turned slots: in place (else a turned copy)
+            assert all(s.untyped_storage().data_ptr() == p.untyped_storage().data_ptr() for s in (q, k, v))
+            return (q, k, v), p  # the projection now holds the turned slots, and their history
+        return (q, k, v), torch.stack((q, k, v)).permute(1, 3, 0, 2, 4).flatten(2)
+
+    (slots, got), (want_slots, want) = grads(in_place), grads(one_by_one)
+    torch.testing.assert_close(slots, want_slots, rtol=0, atol=1e-12)
+    for g, h in zip(got, want, strict=True):
+        assert (g is None) == (h is None)
+        if g is not None:
+            torch.testing.assert_close(g, h, rtol=1e-10, atol=1e-10)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

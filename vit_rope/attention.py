@@ -58,7 +58,7 @@ class Attention(nn.Module):
             if self.qkv._forward_hooks or nn.modules.module._global_forward_hooks:
                 qkv = qkv.clone()  # a hook may hold the projection's output: keep it as the hook saw it
             split = rotate_split(qkv, rope, self.num_heads, self._turn_qkv)
-            del qkv  # training on a GPU, q, k, v are a new buffer: let the projection's output go before attention
+            del qkv  # where the rotation made a copy (the half layout, say), the projection's output goes now
             q, k, v = split[0], split[1], split[2]  # indexed, not unpacked: torch.fx traces a tuple it cannot size
         else:
             q, k, v = qkv.reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)

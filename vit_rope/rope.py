@@ -73,6 +73,14 @@ class RotaryTable:
             self._cis = torch.complex(self.cos, self.sin)
         return self._cis
 
+    @property
+    def packed_cis(self) -> Tensor:
+        """:attr:`cis` as ``(N, 1, heads | 1, dim // 2)``, the broadcast shape against a fused projection
+        ``(B, N, slots, heads, dim // 2)``; kept with the table, which every layer of a model shares."""
+        if "_packed_cis" not in self.__dict__:
+            self.__dict__["_packed_cis"] = _packed_view(self.cis)
+        return self.__dict__["_packed_cis"]
+
     def packed(self, turn: tuple[bool, ...]) -> RotaryTable:
         """This table laid out for a fused projection ``(B, N, slots, heads, dim)``, e.g. the (q, k, v) output of a
         qkv Linear: shape ``(N, slots, heads | 1, dim // 2)``, identity where ``turn`` is False, so every slot passes
@@ -157,23 +165,21 @@ def rotate_packed(packed: Tensor, table: RotaryTable, num_heads: int, turn: tupl
     Eagerly, for the interleaved layout, the turned slots are multiplied in place, in the layout the Linear wrote
     them: for float32/float64 the pass reads and writes q and k once and allocates nothing (bfloat16/float16 go
     through a float32 copy of the slots and are rounded once; on a GPU one Triton kernel reads and writes each dtype
-    once), and attention then reads q, k, v exactly where an
-    absolute-embedding ViT would. ``packed`` must be a fresh result that nothing else
-    holds (autograd's version counter checks that for backward). Otherwise (tracing, compile, export, other dtypes,
-    the half layout, slots that are not one run) it returns a rotated copy through the real-arithmetic path.
-    Gradients reach ``packed`` and learned frequencies; the latter are computed from the rotated output turned back,
-    which holds because every table is a rotation (``cos² + sin² = 1``).
+    once), and attention then reads q, k, v exactly where an absolute-embedding ViT would. ``packed`` must be a fresh
+    result that nothing else holds (autograd's version counter checks that for backward). Otherwise (tracing,
+    compile, export, other dtypes, the half layout, slots that are not one run) it returns a rotated copy through the
+    real-arithmetic path. Gradients reach ``packed`` and learned frequencies; the latter are computed from the
+    rotated output turned back, which holds because every table is a rotation (``cos² + sin² = 1``).
     """
     _check_packed(packed, table, num_heads, turn)
     if not any(turn):
         return packed
     span = _turned_run(turn)
-    if span is not None and _fast_path_fits(packed, table) and (packed.is_contiguous() or _complex_viewable(packed)):
-        first, last = span
-        cis = _packed_view(table.cis)
+    if span is not None and _turns_in_place(packed, table):
+        cis = table.packed_cis
         if torch.is_grad_enabled() and (packed.requires_grad or cis.requires_grad):
-            return _RotateInPlace.apply(packed, cis, first, last, num_heads)
-        _turn_slots(packed, cis, first, last, num_heads)
+            return _RotateInPlace.apply(packed, cis, *span, num_heads, False)
+        _turn_slots(packed, cis, *span, num_heads)
         return packed
     t = table.packed(turn)
     x = packed.unflatten(-1, (len(turn), num_heads, -1))
@@ -182,22 +188,26 @@ def rotate_packed(packed: Tensor, table: RotaryTable, num_heads: int, turn: tupl
 
 @_fx_leaf
 def rotate_split(packed: Tensor, table: RotaryTable, num_heads: int, turn: tuple[bool, ...]) -> tuple[Tensor, ...]:
-    """:func:`rotate_packed`, then the slots apart: one ``(B, heads, N, dim)`` tensor a slot, as attention takes q, k
-    and v. While training on a GPU (the interleaved layout, one run of turned slots) both come from one kernel
-    (:class:`vit_rope.rope_triton.RotateSplit`) whose backward pass writes the projection's gradient, turned back,
-    in the one pass that gathering q, k and v's gradients takes anyway."""
+    """:func:`rotate_packed`, then the slots apart: one ``(B, heads, N, dim)`` view a slot, as attention takes q, k
+    and v. In training, its backward pass writes each slot's gradient into the projection's, turned back on the way:
+    one pass a slot, where the gather that autograd does for an absolute-embedding ViT takes two (a stack of the
+    three gradients, then a copy that undoes the head transpose), so the rotation's backward costs no pass of its
+    own."""
+    _check_packed(packed, table, num_heads, turn)
     span = _turned_run(turn)
-    if (
-        span is not None
-        and rope_triton.available(packed)
-        and torch.is_grad_enabled()
-        and (packed.requires_grad or table.cos.requires_grad)
-        and _fast_path_fits(packed, table)
-    ):
-        _check_packed(packed, table, num_heads, turn)
-        return rope_triton.RotateSplit.apply(packed, _packed_view(table.cis), *span, num_heads, len(turn))
-    packed = rotate_packed(packed, table, num_heads, turn)
-    return packed.unflatten(-1, (len(turn), num_heads, -1)).permute(2, 0, 3, 1, 4).unbind(0)
+    if span is not None and _turns_in_place(packed, table):
+        cis = table.packed_cis
+        if torch.is_grad_enabled() and (packed.requires_grad or cis.requires_grad):
+            return _RotateInPlace.apply(packed, cis, *span, num_heads, True)[1:]
+        _turn_slots(packed, cis, *span, num_heads)
+    else:
+        packed = rotate_packed(packed, table, num_heads, turn)
+    return _split(packed, len(turn), num_heads)
+
+
+def _split(packed: Tensor, slots: int, num_heads: int) -> tuple[Tensor, ...]:
+    """``(B, N, slots · heads · dim)`` → one ``(B, heads, N, dim)`` view a slot."""
+    return packed.unflatten(-1, (slots, num_heads, -1)).permute(2, 0, 3, 1, 4).unbind(0)
 
 
 def _turned_run(turn: tuple[bool, ...]) -> tuple[int, int] | None:
@@ -209,11 +219,14 @@ def _turned_run(turn: tuple[bool, ...]) -> tuple[int, int] | None:
     return (first, last) if all(turn[first:last]) else None
 
 
-def _fast_path_fits(packed: Tensor, table: RotaryTable) -> bool:
-    """Whether the in-place complex/kernel paths take this projection and table: the interleaved layout, a dtype the
-    table's precision serves (its own, or bf16/fp16 against a float32 table), and no tracing or compiling."""
+def _turns_in_place(packed: Tensor, table: RotaryTable) -> bool:
+    """Whether the in-place paths (complex multiply, or the kernel) take this projection and table: the interleaved
+    layout, a dtype the table's precision serves (its own, or bf16/fp16 against a float32 table), channel pairs that
+    the kernel or a complex view can reach, and no tracing or compiling."""
+    if table.layout != "interleaved" or _tracing():
+        return False
     same = packed.dtype == table.cos.dtype or (packed.dtype in _HALF and table.cos.dtype == torch.float32)
-    return table.layout == "interleaved" and same and not _tracing()
+    return same and (_complex_viewable(packed) or (packed.stride(-1) == 1 and rope_triton.available(packed)))
 
 
 def _check_packed(packed: Tensor, table: RotaryTable, num_heads: int, turn: tuple[bool, ...]) -> None:
@@ -242,44 +255,61 @@ def _check_packed(packed: Tensor, table: RotaryTable, num_heads: int, turn: tupl
 
 
 class _RotateInPlace(torch.autograd.Function):
-    """``z ← z · cis`` on the channel pairs of slots ``[first, last)`` of a fused projection, in place."""
+    """``z ← z · cis`` on the channel pairs of slots ``[first, last)`` of a fused projection, in place; with
+    ``split``, also one ``(B, heads, N, dim)`` view of it a slot (q, k, v as attention takes them).
+
+    The projection is returned and marked dirty, so it carries this node's history wherever it is used; the views are
+    outputs of their own. Backward writes the projection's gradient in one pass: where only the views were used (the
+    models), one write a slot, turned back on the way; otherwise the whole row turned back.
+    """
 
     @staticmethod
-    def forward(ctx, packed: Tensor, cis: Tensor, first: int, last: int, num_heads: int) -> Tensor:
+    def forward(ctx, packed: Tensor, cis: Tensor, first: int, last: int, num_heads: int, split: bool):
         _turn_slots(packed, cis, first, last, num_heads)
         ctx.mark_dirty(packed)
-        ctx.span, ctx.num_heads = (first, last), num_heads
+        ctx.set_materialize_grads(False)  # unused outputs (the projection itself, as a rule) give no gradient pass
+        ctx.span, ctx.num_heads, ctx.shape, ctx.dtype = (first, last), num_heads, packed.shape, packed.dtype
         # learned frequencies need the input for their gradient: keep the output (which attention keeps anyway)
         # and turn it back in backward, rather than a copy of the input
         ctx.save_for_backward(cis, packed if ctx.needs_input_grad[1] else None)
-        return packed
+        if not split:
+            return packed
+        return packed, *_split(packed, packed.shape[-1] // (num_heads * 2 * cis.shape[-1]), num_heads)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad: Tensor):
+    def backward(ctx, grad: Tensor | None, *slot_grads: Tensor | None):
         cis, out = ctx.saved_tensors
         (first, last), heads = ctx.span, ctx.num_heads
-        grad = grad.contiguous()
-        grad_in = torch.empty_like(grad)  # turned slots rotated back, the others copied
-        g = _real_pairs(grad, heads, cis.shape[-1])
-        if rope_triton.available(grad):  # one kernel writes the whole row
-            rope_triton.rotate_rows(grad, cis, first, last, heads, inverse=True, out=grad_in)
+        slots = ctx.shape[-1] // (heads * 2 * cis.shape[-1])
+        if grad is not None and any(g is not None for g in slot_grads):  # both the projection and its views used
+            grad = grad.clone(memory_format=torch.contiguous_format)
+            for whole, g in zip(grad.unflatten(-1, (slots, heads, -1)).unbind(2), slot_grads, strict=True):
+                if g is not None:
+                    whole.add_(g.transpose(1, 2))
+        grad_in = grad_cis = None
+        if ctx.needs_input_grad[0] and grad is not None:
+            grad_in = _turn_back_rows(grad, cis, first, last, heads)
+        elif ctx.needs_input_grad[0]:
+            grad_in = torch.empty(ctx.shape, dtype=ctx.dtype, device=cis.device)
+            _slots_to_rows(slot_grads, cis, grad_in, first, last, heads)
+        if grad is not None:
+            per_slot = list(grad.unflatten(-1, (slots, heads, -1)).unbind(2))  # (B, N, heads, dim) each
         else:
-            _turn_slots(grad, cis.conj(), first, last, heads, out=grad_in)
-            g_in = _real_pairs(grad_in, heads, cis.shape[-1])
-            g_in[:, :, :first] = g[:, :, :first]
-            g_in[:, :, last:] = g[:, :, last:]
-        grad_cis = None
-        if out is not None and ctx.needs_input_grad[1]:
+            per_slot = [None if g is None else g.transpose(1, 2) for g in slot_grads]
+        if out is not None and ctx.needs_input_grad[1] and any(t is not None for t in per_slot[first:last]):
             real = _REAL[cis.dtype]
+            shape = (*ctx.shape[:2], heads, 2 * cis.shape[-1])
+            g = torch.stack([out.new_zeros(shape) if t is None else t for t in per_slot[first:last]], 2)
             z_out, g_out = (
-                torch.view_as_complex(t[:, :, first:last].to(real)) for t in (_real_pairs(out, heads, cis.shape[-1]), g)
+                torch.view_as_complex(t.to(real).unflatten(-1, (-1, 2)).contiguous())
+                for t in (out.unflatten(-1, (slots, heads, -1))[:, :, first:last], g)
             )
             z = z_out * cis.conj()  # the input (|cis| = 1; for half-precision outputs up to their rounding)
             grad_cis = (g_out * z.conj()).sum(0).sum(1, keepdim=True)  # (N, 1, heads, dim // 2)
             if cis.shape[2] == 1:
                 grad_cis = grad_cis.sum(2, keepdim=True)
-        return grad_in, grad_cis, None, None, None
+        return grad_in, grad_cis, None, None, None, None
 
 
 _HALF = (torch.bfloat16, torch.float16)
@@ -295,7 +325,7 @@ def _turn_slots(packed: Tensor, cis: Tensor, first: int, last: int, num_heads: i
     """``out[slots] ← packed[slots] · cis`` over channel pairs as complex numbers (``out`` defaults to ``packed``:
     in place). The product is taken in the table's precision; bfloat16/float16 go through a float32 copy of the slots
     (complex numbers exist in neither) and are rounded once on the way back. In place on a GPU: the Triton kernel."""
-    if out is None and rope_triton.available(packed) and packed.is_contiguous():
+    if out is None and packed.stride(-1) == 1 and rope_triton.available(packed):
         rope_triton.rotate_rows(packed, cis, first, last, num_heads)  # one read and one write, any dtype
         return
     src = _real_pairs(packed, num_heads, cis.shape[-1])[:, :, first:last]
@@ -307,6 +337,46 @@ def _turn_slots(packed: Tensor, cis: Tensor, first: int, last: int, num_heads: i
         torch.mul(torch.view_as_complex(src), cis, out=torch.view_as_complex(dst))
     else:
         dst.copy_(torch.view_as_real(torch.view_as_complex(src.to(real)).mul_(cis)))
+
+
+def _turn_back_rows(grad: Tensor, cis: Tensor, first: int, last: int, num_heads: int) -> Tensor:
+    """A new ``(B, N, width)`` tensor: slots ``[first, last)`` of ``grad`` turned back by ``cis``, the others copied."""
+    if grad.stride(-1) == 1 and rope_triton.available(grad):  # one kernel writes the whole row
+        return rope_triton.rotate_rows(grad, cis, first, last, num_heads, inverse=True, out=torch.empty_like(grad))
+    grad = grad.contiguous()
+    grad_in = torch.empty_like(grad)
+    _turn_slots(grad, cis.conj(), first, last, num_heads, out=grad_in)
+    g, g_in = (_real_pairs(t, num_heads, cis.shape[-1]) for t in (grad, grad_in))
+    g_in[:, :, :first] = g[:, :, :first]
+    g_in[:, :, last:] = g[:, :, last:]
+    return grad_in
+
+
+def _slots_to_rows(grads, cis: Tensor, out: Tensor, first: int, last: int, num_heads: int) -> None:
+    """Write every slot of a fused projection ``out (B, N, slots · heads · dim)`` from its ``(B, heads, N, dim)``
+    gradient (any strides; None for zeros), turned back by ``cis`` in slots ``[first, last)``, else copied: one read
+    and one write a slot."""
+    kernel = rope_triton.available(out)  # the kernel takes any strides
+    rows = back = None
+    for slot, src in enumerate(grads):
+        turn = first <= slot < last
+        if src is not None and kernel:
+            rope_triton.heads_to_rows(src, cis, out, slot, turn, inverse=True)
+            continue
+        if rows is None:
+            rows = _real_pairs(out, num_heads, cis.shape[-1])  # (B, N, slots, heads, dim // 2, 2)
+            back = cis.squeeze(1).conj()  # (N, heads | 1, dim // 2)
+        dst = rows[:, :, slot]
+        if src is None:
+            dst.zero_()
+            continue
+        pairs = src.transpose(1, 2).unflatten(-1, (-1, 2))
+        if not turn:
+            dst.copy_(pairs)
+        elif pairs.dtype == dst.dtype == _REAL[cis.dtype] and _complex_viewable(pairs):
+            torch.mul(torch.view_as_complex(pairs), back, out=torch.view_as_complex(dst))
+        else:
+            dst.copy_(torch.view_as_real(torch.view_as_complex(pairs.to(_REAL[cis.dtype]).contiguous()) * back))
 
 
 def _complex_viewable(x: Tensor) -> bool:

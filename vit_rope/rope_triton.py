@@ -7,9 +7,10 @@ rounds once and stores them once: in place in a fused qkv projection, or out of 
 rotated, the others copied). A second kernel gathers per-head tensors (the gradients of q, k and v) back into a fused
 projection's rows, turning them back on the way.
 
-Used by :func:`vit_rope.rope.rotate_packed` (in place) and :func:`vit_rope.rope.rotate_split` (training:
-:class:`RotateSplit`) for tensors on a GPU when Triton is installed (it comes with PyTorch's CUDA wheels on Linux),
-never while tracing or compiling: ``torch.compile`` fuses the real-arithmetic path itself.
+Used by :func:`vit_rope.rope.rotate_packed` and :func:`vit_rope.rope.rotate_split` (in place; in training their
+backward pass turns the gradients back with these kernels too) for tensors on a GPU when Triton is installed (it comes
+with PyTorch's CUDA wheels on Linux), never while tracing or compiling: ``torch.compile`` fuses the real-arithmetic
+path itself.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ try:
 except ImportError:  # pragma: no cover - a CPU-only PyTorch without Triton
     triton = None
 
-__all__ = ["RotateSplit", "available", "heads_to_rows", "rotate_rows"]
+__all__ = ["available", "heads_to_rows", "rotate_rows"]
 
 # a program's tile: up to max_pairs channel pairs of a row, as many rows as make `pairs` pairs in all. Of 48 tiles
 # timed on an H100 for ViT-S q and k at batch 128 (bench/kernel_tiles.py), the fastest in bfloat16 (0.95 of a copy of
@@ -72,16 +73,17 @@ def rotate_rows(
     """Turn the channel pairs of slots ``[first, last)`` of a fused projection ``src (B, N, slots · heads · dim)``
     by ``cis`` (complex, broadcastable as ``(N, 1, heads | 1, dim // 2)``; ``inverse`` turns by its conjugate).
 
-    ``out=None`` turns ``src`` in place, touching only those slots. With ``out`` (same shape, contiguous), every slot
-    is written: the turned ones rotated, the others copied. Returns the tensor written.
+    ``out=None`` turns ``src`` in place, touching only those slots. With ``out`` (same shape), every slot is written:
+    the turned ones rotated, the others copied. Rows may have any batch and token strides; their channels must be
+    contiguous. Returns the tensor written.
     """
     if triton is None:  # pragma: no cover
         raise RuntimeError("the fused rotation needs Triton; install PyTorch's CUDA build, which brings it")
     batch, tokens, width = src.shape
     half = cis.shape[-1]
     slot_pairs = num_heads * half  # channel pairs per slot
-    if not src.is_contiguous() or (out is not None and (not out.is_contiguous() or out.shape != src.shape)):
-        raise ValueError("rotate_rows needs a contiguous (B, N, width) input and an output of the same shape")
+    if src.stride(-1) != 1 or (out is not None and (out.stride(-1) != 1 or out.shape != src.shape)):
+        raise ValueError("rotate_rows needs (B, N, width) rows with contiguous channels, and an output of that shape")
     slots = width // (2 * slot_pairs)
     if cis.shape[0] != tokens or cis.shape[2] not in (1, num_heads) or width != 2 * slot_pairs * slots or last > slots:
         raise ValueError(f"a table of shape {tuple(cis.shape)} does not fit a projection of shape {tuple(src.shape)}")
@@ -110,7 +112,8 @@ def rotate_rows(
             table.stride(0),
             table.stride(2) if cis.shape[2] > 1 else 0,
             table.stride(3),
-            width,
+            *src.stride()[:2],
+            *dst.stride()[:2],
             INVERSE=inverse,
             BLOCK_ROWS=block_rows,
             BLOCK_PAIRS=block_pairs,
@@ -129,7 +132,8 @@ def _block(n: int, most: int) -> int:
 def heads_to_rows(src: Tensor, cis: Tensor, out: Tensor, slot: int, turn: bool, inverse: bool = False) -> None:
     """Write one slot of a fused projection ``out (B, N, slots · heads · dim)`` from ``src (B, heads, N, dim)`` (any
     strides, channels contiguous), turned by ``cis`` (as in :func:`rotate_rows`) where ``turn``, else copied: the
-    backward pass of :class:`RotateSplit`, which gathers the gradients of q, k and v into the projection's."""
+    backward pass of :func:`vit_rope.rope.rotate_split`, which gathers the gradients of q, k and v into the
+    projection's."""
     batch, heads, tokens, dim = src.shape
     if src.stride(-1) != 1:
         src = src.contiguous()
@@ -157,50 +161,6 @@ def heads_to_rows(src: Tensor, cis: Tensor, out: Tensor, slot: int, turn: bool, 
             BLOCK_DIM=block_dim,
             num_warps=TILE["num_warps"],
         )
-
-
-class RotateSplit(torch.autograd.Function):
-    """A fused projection ``(B, N, slots · heads · dim)`` → one ``(B, heads, N, dim)`` tensor a slot (q, k, v of a qkv
-    Linear), slots ``[first, last)`` turned, for training on a GPU.
-
-    Forward: one kernel writes the turned projection into a new buffer (q, k, v are views of it, laid out as
-    attention reads them in an absolute-embedding ViT; the projection's own output is freed, so attention keeps
-    exactly the bytes it keeps there). Backward: the gradients of q, k and v come apart from attention, and one kernel
-    a slot writes them, turned back, straight into the projection's gradient: the gather that autograd does anyway
-    for an absolute-embedding ViT (a stack, then a copy to undo the head transpose), with the rotation folded in.
-    """
-
-    @staticmethod
-    def forward(ctx, packed: Tensor, cis: Tensor, first: int, last: int, num_heads: int, slots: int):
-        batch, tokens, _ = packed.shape
-        src = packed.contiguous()
-        out = rotate_rows(src, cis, first, last, num_heads, out=torch.empty_like(src))
-        ctx.span, ctx.num_heads = (first, last), num_heads
-        ctx.save_for_backward(cis, out if ctx.needs_input_grad[1] else None)
-        return out.view(batch, tokens, slots, num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, *grads: Tensor):
-        cis, out = ctx.saved_tensors
-        (first, last), heads = ctx.span, ctx.num_heads
-        batch, _, tokens, dim = grads[0].shape
-        grad_in = None
-        if ctx.needs_input_grad[0]:
-            grad_in = grads[0].new_empty(batch, tokens, len(grads) * heads * dim)
-            for slot, g in enumerate(grads):
-                heads_to_rows(g, cis, grad_in, slot, first <= slot < last, inverse=True)
-        grad_cis = None
-        if out is not None:
-            real = torch.float64 if cis.dtype == torch.complex128 else torch.float32
-            pairs = (batch, tokens, last - first, heads, dim // 2, 2)
-            g = torch.stack([gr.transpose(1, 2) for gr in grads[first:last]], 2).to(real).contiguous().view(pairs)
-            z_out = out.view(batch, tokens, len(grads), heads, dim // 2, 2)[:, :, first:last].to(real)
-            z = torch.view_as_complex(z_out.contiguous()) * cis.conj()  # the input (|cis| = 1)
-            grad_cis = (torch.view_as_complex(g) * z.conj()).sum(0).sum(1, keepdim=True)  # (N, 1, heads, dim // 2)
-            if cis.shape[2] == 1:
-                grad_cis = grad_cis.sum(2, keepdim=True)
-        return grad_in, grad_cis, None, None, None, None
 
 
 if triton is not None:
@@ -271,7 +231,10 @@ if triton is not None:
         stride_token,
         stride_head,
         stride_pair,
-        width,
+        src_batch,
+        src_token,
+        dst_batch,
+        dst_token,
         INVERSE: tl.constexpr,
         BLOCK_ROWS: tl.constexpr,
         BLOCK_PAIRS: tl.constexpr,
@@ -281,17 +244,18 @@ if triton is not None:
         pair = begin + tl.program_id(1) * BLOCK_PAIRS + tl.arange(0, BLOCK_PAIRS)
         element = 2 * begin + tl.program_id(1) * 2 * BLOCK_PAIRS + tl.arange(0, 2 * BLOCK_PAIRS)
         row_ok = row < rows
-        offsets = row[:, None].to(tl.int64) * width + element[None, :]
+        batch, token = (row // tokens).to(tl.int64), (row % tokens).to(tl.int64)
         mask = row_ok[:, None] & (element[None, :] < 2 * end)
-        x = tl.load(src + offsets, mask=mask, other=0.0)
+        x = tl.load(src + (batch * src_batch + token * src_token)[:, None] + element[None, :], mask=mask, other=0.0)
         x0, x1 = tl.split(tl.reshape(x, (BLOCK_ROWS, BLOCK_PAIRS, 2)))
 
         # cos/sin of each (token, head, pair); pairs outside the turned slots get the identity
         head = (pair // half) % heads
-        where = (row % tokens)[:, None] * stride_token + (head * stride_head + (pair % half) * stride_pair)[None, :]
+        where = token[:, None] * stride_token + (head * stride_head + (pair % half) * stride_pair)[None, :]
         turned = row_ok[:, None] & ((pair >= turn_begin) & (pair < turn_end))[None, :]
         y0, y1 = _turn(x0, x1, table + where, turned, INVERSE)
         # pairs outside the turned slots are copied as they are (x·1 − y·0 would turn inf beside them into NaN)
         y = tl.join(tl.where(turned, y0, x0), tl.where(turned, y1, x1))
         y = tl.reshape(y, (BLOCK_ROWS, 2 * BLOCK_PAIRS))
-        tl.store(dst + offsets, y.to(dst.dtype.element_ty), mask=mask)
+        out = dst + (batch * dst_batch + token * dst_token)[:, None] + element[None, :]
+        tl.store(out, y.to(dst.dtype.element_ty), mask=mask)
