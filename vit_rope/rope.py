@@ -20,9 +20,9 @@ position interpolation (Chen et al. 2023), NTK-aware scaling (bloc97, 2023) or Y
 per-axis scale factors as in FiT (Lu et al. 2024, arXiv 2402.12376).
 
 Tables are computed in float64 and stored in float32 (float64 for float64 inputs), also under autocast, cached
-per grid/device/dtype. Inside attention, q and k turn in place in the fused qkv projection (``rotate_packed``); on a
-GPU one Triton kernel does that (``vit_rope.rope_triton``), and in training ``rotate_split`` turns and splits q, k, v
-in one pass each way.
+per grid/device/dtype. Inside attention, ``rotate_split`` turns q and k in place in the fused qkv projection and
+hands out q, k, v as views of it; its backward pass gathers their gradients into the projection's in one pass,
+turning q's and k's back on the way. On a GPU Triton kernels do both (``vit_rope.rope_triton``).
 """
 
 from __future__ import annotations
@@ -293,22 +293,12 @@ class _RotateInPlace(torch.autograd.Function):
         elif ctx.needs_input_grad[0]:
             grad_in = torch.empty(ctx.shape, dtype=ctx.dtype, device=cis.device)
             _slots_to_rows(slot_grads, cis, grad_in, first, last, heads)
-        if grad is not None:
-            per_slot = list(grad.unflatten(-1, (slots, heads, -1)).unbind(2))  # (B, N, heads, dim) each
-        else:
-            per_slot = [None if g is None else g.transpose(1, 2) for g in slot_grads]
-        if out is not None and ctx.needs_input_grad[1] and any(t is not None for t in per_slot[first:last]):
-            real = _REAL[cis.dtype]
-            shape = (*ctx.shape[:2], heads, 2 * cis.shape[-1])
-            g = torch.stack([out.new_zeros(shape) if t is None else t for t in per_slot[first:last]], 2)
-            z_out, g_out = (
-                torch.view_as_complex(t.to(real).unflatten(-1, (-1, 2)).contiguous())
-                for t in (out.unflatten(-1, (slots, heads, -1))[:, :, first:last], g)
-            )
-            z = z_out * cis.conj()  # the input (|cis| = 1; for half-precision outputs up to their rounding)
-            grad_cis = (g_out * z.conj()).sum(0).sum(1, keepdim=True)  # (N, 1, heads, dim // 2)
-            if cis.shape[2] == 1:
-                grad_cis = grad_cis.sum(2, keepdim=True)
+        if out is not None and ctx.needs_input_grad[1]:
+            if grad is not None:
+                per_slot = list(grad.unflatten(-1, (slots, heads, -1)).unbind(2))  # (B, N, heads, dim) each
+            else:
+                per_slot = [None if g is None else g.transpose(1, 2) for g in slot_grads]
+            grad_cis = _table_gradient(per_slot, out, cis, first, last, heads)
         return grad_in, grad_cis, None, None, None, None
 
 
@@ -377,6 +367,38 @@ def _slots_to_rows(grads, cis: Tensor, out: Tensor, first: int, last: int, num_h
             torch.mul(torch.view_as_complex(pairs), back, out=torch.view_as_complex(dst))
         else:
             dst.copy_(torch.view_as_real(torch.view_as_complex(pairs.to(_REAL[cis.dtype]).contiguous()) * back))
+
+
+def _table_gradient(
+    per_slot: list[Tensor | None], out: Tensor, cis: Tensor, first: int, last: int, num_heads: int
+) -> Tensor | None:
+    """The gradient of a learned table ``cis (N, 1, heads | 1, dim // 2)`` from the turned projection ``out`` and the
+    gradients of its slots (``(B, N, heads, dim)`` each, None where unused; slots ``[first, last)`` turned).
+
+    For ``out = z · cis`` it is ``Σ g · conj(z)`` over the batch and the turned slots. Every table is a rotation
+    (``|cis| = 1``), so ``conj(z) = conj(out) · cis``, and cis, the same for every batch element and slot, comes out
+    of the sum: ``cis · Σ conj(out) · g``, one product and sum a slot, with no pass to recover z (for half-precision
+    outputs, z up to their rounding)."""
+    real = _REAL[cis.dtype]
+    slots = out.unflatten(-1, (-1, num_heads, 2 * cis.shape[-1]))  # (B, N, slots, heads, dim)
+    total = None
+    for slot in range(first, last):
+        if per_slot[slot] is not None:
+            term = torch.linalg.vecdot(
+                _complex_pairs(slots[:, :, slot], real), _complex_pairs(per_slot[slot], real), dim=0
+            )
+            total = term if total is None else total + term  # (N, heads, dim // 2)
+    if total is None:
+        return None
+    total = total.unsqueeze(1)
+    return (total.sum(2, keepdim=True) if cis.shape[2] == 1 else total) * cis
+
+
+def _complex_pairs(t: Tensor, real: torch.dtype) -> Tensor:
+    """The channel pairs of ``t (..., dim)`` as complex numbers of precision ``real``: a view where t allows one."""
+    if t.dtype != real or not _complex_viewable(t):
+        t = t.to(real).contiguous()
+    return torch.view_as_complex(t.unflatten(-1, (-1, 2)))
 
 
 def _complex_viewable(x: Tensor) -> bool:
