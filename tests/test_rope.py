@@ -209,6 +209,41 @@ def test_rotate_split_gradients_equal_rotating_each_slot(turn, freqs, use):
             torch.testing.assert_close(g, h, rtol=1e-10, atol=1e-10)
 
 
+def test_rotate_split_of_a_view_and_undefined_gradients():
+    """A projection that is a view (a slice of a wider Linear's output) splits through autograd's views with the same
+    gradients; gradients that arrive undefined (a Function that returns None) give zeros, not stale memory; a
+    projection whose rows share memory is refused, not turned twice."""
+    heads, dim, turn = 2, 16, (True, True, False)
+    table = RotaryEmbedding(dim, axes=2, num_prefix_tokens=1).table((3, 4), dtype=F64)
+    x = torch.randn(2, 13, 4 * heads * dim, dtype=F64, requires_grad=True)
+    w = torch.randn(3, 2, heads, 13, dim, dtype=F64)
+    wide = x * 1
+    q, k, v = rotate_split(wide[..., : 3 * heads * dim], table, heads, turn)
+    (g,) = torch.autograd.grad((torch.stack((q, k, v)) * w).sum(), [x])
+    slots = (x * 1)[..., : 3 * heads * dim].unflatten(-1, (3, heads, dim)).permute(2, 0, 3, 1, 4)
+    want = torch.stack([apply_rotary(s, table) if f else s for s, f in zip(slots, turn, strict=True)])
+    (g_want,) = torch.autograd.grad((want * w).sum(), [x])
+    torch.testing.assert_close(torch.stack((q, k, v)), want, rtol=0, atol=1e-12)
+    torch.testing.assert_close(g, g_want, rtol=1e-12, atol=1e-12)
+    assert not g[..., 3 * heads * dim :].any()
+
+    class NoGradient(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            return t * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            return None
+
+    for rotate in (rotate_packed, lambda p, *a: rotate_split(p, *a)[0]):
+        y = NoGradient.apply(rotate(x[..., : 3 * heads * dim] * 1, table, heads, turn))
+        (g,) = torch.autograd.grad(y.sum() + 0 * x.sum(), [x])
+        assert not g.any()
+    with pytest.raises(RuntimeError, match="single memory location"):
+        rotate_packed(torch.randn(1, 13, 3 * heads * dim, dtype=F64).expand(2, -1, -1), table, heads, turn)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_rotate_packed_half_precision_rounds_once(dtype):
     """bf16/fp16 projections (autocast) also turn in place, through float32: values and gradients are the float64

@@ -1,8 +1,9 @@
 """The fused rotation kernel (``vit_rope.rope_triton``) against float64 references and the eager path.
 
 Where a GPU is present these tests run the kernel on it. Without one, ``test_under_triton_interpreter`` runs them,
-and every ``rotate_packed`` test of test_rope.py, again in a fresh process under Triton's CPU interpreter
-(``TRITON_INTERPRET=1``), in which the kernel serves CPU tensors: the same kernel code, checked on any machine.
+and every ``rotate_packed`` and ``rotate_split`` test of test_rope.py, again in a fresh process under Triton's CPU
+interpreter (``TRITON_INTERPRET=1``), in which the kernel serves CPU tensors: the same kernel code, checked on any
+machine.
 """
 
 import os
@@ -234,6 +235,15 @@ def test_triton_compiles_for_ampere_and_hopper(arch):
             assert compiled.asm["cubin"]
 
 
+def test_rows_apart_refuses_rows_that_share_memory():
+    """The in-place kernel writes rows from many programs at once: only tensors whose elements all have memory of
+    their own go to it (rows of any strides; an expanded or overlapping tensor goes the eager way, which refuses it)."""
+    x = torch.empty(2, 5, 12)
+    assert all(rope_triton.rows_apart(t) for t in (x, x.transpose(0, 1), x[:, ::2], x[..., :6]))
+    assert not rope_triton.rows_apart(torch.empty(1, 5, 12).expand(2, -1, -1))
+    assert not rope_triton.rows_apart(torch.empty(60).as_strided((2, 5, 12), (12, 6, 1)))  # overlapping rows
+
+
 def test_environment_switches_the_kernel_off(monkeypatch):
     x = torch.empty(1, device=DEVICE)
     monkeypatch.setenv("VIT_ROPE_TRITON", "1")
@@ -250,7 +260,8 @@ def test_environment_switches_the_kernel_off(monkeypatch):
     reason="the kernel runs natively here (or Triton is missing)",
 )
 def test_under_triton_interpreter():
-    """Without a GPU: the kernel tests above and test_rope.py's rotate_packed tests, under Triton's interpreter."""
+    """Without a GPU: the kernel tests above and test_rope.py's rotate_packed and rotate_split tests, under Triton's
+    interpreter."""
     root = Path(__file__).parent
     proc = subprocess.run(
         [
@@ -261,7 +272,7 @@ def test_under_triton_interpreter():
             "-p",
             "no:cacheprovider",
             "-k",
-            "kernel or rotate_packed",
+            "kernel or rotate_packed or rotate_split or rows_apart",
             str(root / "test_rope_triton.py"),
             str(root / "test_rope.py"),
         ],  # fmt: skip

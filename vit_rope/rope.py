@@ -76,9 +76,14 @@ class RotaryTable:
     @property
     def packed_cis(self) -> Tensor:
         """:attr:`cis` as ``(N, 1, heads | 1, dim // 2)``, the broadcast shape against a fused projection
-        ``(B, N, slots, heads, dim // 2)``; kept with the table, which every layer of a model shares."""
+        ``(B, N, slots, heads, dim // 2)``; kept with a fixed table, which every layer of a model shares. Not kept for
+        a learned table: a view first taken under ``no_grad`` (a reentrant checkpoint's first pass) would carry no
+        gradient to the frequencies."""
+        cis = self.cis
+        if cis.requires_grad:
+            return _packed_view(cis)
         if "_packed_cis" not in self.__dict__:
-            self.__dict__["_packed_cis"] = _packed_view(self.cis)
+            self.__dict__["_packed_cis"] = _packed_view(cis)
         return self.__dict__["_packed_cis"]
 
     def packed(self, turn: tuple[bool, ...]) -> RotaryTable:
@@ -169,7 +174,7 @@ def rotate_packed(packed: Tensor, table: RotaryTable, num_heads: int, turn: tupl
     result that nothing else holds (autograd's version counter checks that for backward). Otherwise (tracing,
     compile, export, other dtypes, the half layout, slots that are not one run) it returns a rotated copy through the
     real-arithmetic path. Gradients reach ``packed`` and learned frequencies; the latter are computed from the
-    rotated output turned back, which holds because every table is a rotation (``cos² + sin² = 1``).
+    rotated output, which holds because every table is a rotation (``cos² + sin² = 1``).
     """
     _check_packed(packed, table, num_heads, turn)
     if not any(turn):
@@ -192,14 +197,19 @@ def rotate_split(packed: Tensor, table: RotaryTable, num_heads: int, turn: tuple
     and v. In training, its backward pass writes each slot's gradient into the projection's, turned back on the way:
     one pass a slot, where the gather that autograd does for an absolute-embedding ViT takes two (a stack of the
     three gradients, then a copy that undoes the head transpose), so the rotation's backward costs no pass of its
-    own."""
+    own. A projection that is a view of another tensor (a reshape, a slice of a wider Linear) takes the path of
+    :func:`rotate_packed` and autograd's split: autograd lets a Function that writes into a view return only one
+    output."""
     _check_packed(packed, table, num_heads, turn)
     span = _turned_run(turn)
     if span is not None and _turns_in_place(packed, table):
         cis = table.packed_cis
-        if torch.is_grad_enabled() and (packed.requires_grad or cis.requires_grad):
+        if not (torch.is_grad_enabled() and (packed.requires_grad or cis.requires_grad)):
+            _turn_slots(packed, cis, *span, num_heads)
+        elif packed._base is None:
             return _RotateInPlace.apply(packed, cis, *span, num_heads, True)[1:]
-        _turn_slots(packed, cis, *span, num_heads)
+        else:
+            packed = _RotateInPlace.apply(packed, cis, *span, num_heads, False)
     else:
         packed = rotate_packed(packed, table, num_heads, turn)
     return _split(packed, len(turn), num_heads)
@@ -226,7 +236,13 @@ def _turns_in_place(packed: Tensor, table: RotaryTable) -> bool:
     if table.layout != "interleaved" or _tracing():
         return False
     same = packed.dtype == table.cos.dtype or (packed.dtype in _HALF and table.cos.dtype == torch.float32)
-    return same and (_complex_viewable(packed) or (packed.stride(-1) == 1 and rope_triton.available(packed)))
+    return same and (_complex_viewable(packed) or _kernel_turns_in_place(packed))
+
+
+def _kernel_turns_in_place(x: Tensor) -> bool:
+    """Whether the Triton kernel can turn ``x`` in place: on its device, channels contiguous, and no two rows sharing
+    memory (an expanded tensor would be turned once a row that shares it)."""
+    return x.stride(-1) == 1 and rope_triton.rows_apart(x) and rope_triton.available(x)
 
 
 def _check_packed(packed: Tensor, table: RotaryTable, num_heads: int, turn: tuple[bool, ...]) -> None:
@@ -269,8 +285,8 @@ class _RotateInPlace(torch.autograd.Function):
         ctx.mark_dirty(packed)
         ctx.set_materialize_grads(False)  # unused outputs (the projection itself, as a rule) give no gradient pass
         ctx.span, ctx.num_heads, ctx.shape, ctx.dtype = (first, last), num_heads, packed.shape, packed.dtype
-        # learned frequencies need the input for their gradient: keep the output (which attention keeps anyway)
-        # and turn it back in backward, rather than a copy of the input
+        # learned frequencies need the input for their gradient: keep the output (which attention keeps anyway),
+        # from which it follows, rather than a copy of the input
         ctx.save_for_backward(cis, packed if ctx.needs_input_grad[1] else None)
         if not split:
             return packed
@@ -279,6 +295,8 @@ class _RotateInPlace(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: Tensor | None, *slot_grads: Tensor | None):
+        if grad is None and all(g is None for g in slot_grads):  # undefined gradients (a Function that gave None)
+            return None, None, None, None, None, None
         cis, out = ctx.saved_tensors
         (first, last), heads = ctx.span, ctx.num_heads
         slots = ctx.shape[-1] // (heads * 2 * cis.shape[-1])
@@ -315,7 +333,7 @@ def _turn_slots(packed: Tensor, cis: Tensor, first: int, last: int, num_heads: i
     """``out[slots] ← packed[slots] · cis`` over channel pairs as complex numbers (``out`` defaults to ``packed``:
     in place). The product is taken in the table's precision; bfloat16/float16 go through a float32 copy of the slots
     (complex numbers exist in neither) and are rounded once on the way back. In place on a GPU: the Triton kernel."""
-    if out is None and packed.stride(-1) == 1 and rope_triton.available(packed):
+    if out is None and _kernel_turns_in_place(packed):
         rope_triton.rotate_rows(packed, cis, first, last, num_heads)  # one read and one write, any dtype
         return
     src = _real_pairs(packed, num_heads, cis.shape[-1])[:, :, first:last]

@@ -28,7 +28,7 @@ try:
 except ImportError:  # pragma: no cover - a CPU-only PyTorch without Triton
     triton = None
 
-__all__ = ["available", "heads_to_rows", "rotate_rows"]
+__all__ = ["available", "heads_to_rows", "rotate_rows", "rows_apart"]
 
 # a program's tile: up to max_pairs channel pairs of a row, as many rows as make `pairs` pairs in all. Of 48 tiles
 # timed on an H100 for ViT-S q and k at batch 128 (bench/kernel_tiles.py), the fastest in bfloat16 (0.95 of a copy of
@@ -61,6 +61,17 @@ def _on(device: torch.device):
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
+def rows_apart(x: Tensor) -> bool:
+    """Whether no two elements of ``x`` share memory (a sufficient test: dims ordered by stride, each stride past the
+    extent of the dims before it), which a kernel that writes ``x`` from many programs at once needs."""
+    extent = 1
+    for stride, size in sorted((st, n) for st, n in zip(x.stride(), x.shape, strict=True) if n > 1):
+        if stride < extent:
+            return False
+        extent += (size - 1) * stride
+    return True
+
+
 def rotate_rows(
     src: Tensor,
     cis: Tensor,
@@ -84,6 +95,8 @@ def rotate_rows(
     slot_pairs = num_heads * half  # channel pairs per slot
     if src.stride(-1) != 1 or (out is not None and (out.stride(-1) != 1 or out.shape != src.shape)):
         raise ValueError("rotate_rows needs (B, N, width) rows with contiguous channels, and an output of that shape")
+    if not rows_apart(src if out is None else out):
+        raise ValueError("rotate_rows writes a tensor whose rows share memory (an expanded one?); pass a fresh one")
     slots = width // (2 * slot_pairs)
     if cis.shape[0] != tokens or cis.shape[2] not in (1, num_heads) or width != 2 * slot_pairs * slots or last > slots:
         raise ValueError(f"a table of shape {tuple(cis.shape)} does not fit a projection of shape {tuple(src.shape)}")
