@@ -343,16 +343,19 @@ def test_features_only():
     assert model.feature_info.channels() == [192, 192] and model.feature_info.reduction() == [16, 16]
 
 
-def test_grad_checkpointing_gives_same_output_and_grads():
-    """Every parameter's gradient, the learned frequencies' included, is the same with timm's (non-reentrant)
-    gradient checkpointing as without."""
-    model = tiny("vit_rope_mixed_tiny").train()
+@pytest.mark.parametrize("reentrant", [False, True])
+@pytest.mark.parametrize("name", ["vit_rope_mixed_tiny", "vit_rope_tiny"])
+def test_grad_checkpointing_gives_same_output_and_grads(name, reentrant, monkeypatch):
+    """Every parameter's gradient, learned frequencies' included, is the same with timm's gradient checkpointing
+    (its default, non-reentrant, and the reentrant kind) as without."""
+    monkeypatch.setattr(timm.layers.config, "_USE_REENTRANT_CKPT", reentrant)
+    model = tiny(name).train()
     x = torch.randn(2, 3, 64, 64)
     torch.manual_seed(0)
     a = model(x)
     a.sum().backward()
     g = {n: p.grad.clone() for n, p in model.named_parameters()}
-    assert g["rope.freqs"].any()
+    assert "mixed" not in name or g["rope.freqs"].any()
     model.zero_grad(set_to_none=True)
     model.set_grad_checkpointing(True)
     torch.manual_seed(0)

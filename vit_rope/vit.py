@@ -159,6 +159,11 @@ def tokens_to_grid(x: Tensor, grid: tuple[int, ...]) -> Tensor:
     return x.reshape(x.shape[0], *grid, -1).movedim(-1, 1).contiguous()
 
 
+def _block_with_table(block: nn.Module, x: Tensor, cos: Tensor, sin: Tensor, cis: Tensor, layout: str) -> Tensor:
+    """A block run on a rotary table passed as its tensors (for gradient checkpointing)."""
+    return block(x, RotaryTable(cos, sin, layout, cis))
+
+
 class VisionTransformer(nn.Module):
     """ViT with a choice of position embedding; timm's model API (forward_features/head/intermediates, ...)."""
 
@@ -366,7 +371,11 @@ class VisionTransformer(nn.Module):
     def _run_block(self, i: int, x: Tensor, rope: RotaryTable | None) -> Tensor:
         table = rope.layer(i) if self.rope_per_layer else rope
         if self.grad_checkpointing and not torch.jit.is_scripting():
-            return checkpoint(self.blocks[i], x, table)
+            if table is None or not table.cos.requires_grad:
+                return checkpoint(self.blocks[i], x, table)
+            # a learned table goes in as tensors: a reentrant checkpoint detaches tensor arguments and hands their
+            # gradients back once a block, where it would otherwise run backward through the table's graph each time
+            return checkpoint(_block_with_table, self.blocks[i], x, table.cos, table.sin, table.cis, table.layout)
         return self.blocks[i](x, table)
 
     def forward_features(self, x: Tensor) -> Tensor:
