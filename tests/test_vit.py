@@ -425,12 +425,15 @@ def test_torch_compile_matches_eager(name):
     torch.testing.assert_close(out, ref, rtol=1.6e-2, atol=1.6e-2)  # a bfloat16 ulp or two at logits of order one
 
 
+@pytest.mark.parametrize("checkpointing", [False, True])
 @pytest.mark.parametrize("name", ["vit_rope_tiny", "vit_rope_mixed_tiny", "vit_ape_tiny"])
-def test_torch_fx_feature_extraction_matches_eager(name):
-    """timm's fx path (graph node names, feature extractor) traces the model; outputs equal eager exactly."""
+def test_torch_fx_feature_extraction_matches_eager(name, checkpointing):
+    """timm's fx path (graph node names, feature extractor) traces the model, with gradient checkpointing on too;
+    outputs equal eager exactly."""
     from timm.models._features_fx import create_feature_extractor, get_graph_node_names
 
     model = tiny(name, num_classes=10, reg_tokens=1).eval()
+    model.set_grad_checkpointing(checkpointing)
     _, eval_nodes = get_graph_node_names(model)
     fx_model = create_feature_extractor(model, return_nodes=[eval_nodes[-1]])
     x = torch.randn(2, 3, 64, 96)

@@ -96,7 +96,9 @@ def rotate_rows(
     if src.stride(-1) != 1 or (out is not None and (out.stride(-1) != 1 or out.shape != src.shape)):
         raise ValueError("rotate_rows needs (B, N, width) rows with contiguous channels, and an output of that shape")
     if not rows_apart(src if out is None else out):
-        raise ValueError("rotate_rows writes a tensor whose rows share memory (an expanded one?); pass a fresh one")
+        raise ValueError(
+            "rotate_rows writes a tensor whose rows may share memory (an expanded one?); pass a contiguous one"
+        )
     slots = width // (2 * slot_pairs)
     if cis.shape[0] != tokens or cis.shape[2] not in (1, num_heads) or width != 2 * slot_pairs * slots or last > slots:
         raise ValueError(f"a table of shape {tuple(cis.shape)} does not fit a projection of shape {tuple(src.shape)}")

@@ -371,7 +371,7 @@ class VisionTransformer(nn.Module):
     def _run_block(self, i: int, x: Tensor, rope: RotaryTable | None) -> Tensor:
         table = rope.layer(i) if self.rope_per_layer else rope
         if self.grad_checkpointing and not torch.jit.is_scripting():
-            if table is None or not table.cos.requires_grad:
+            if not isinstance(table, RotaryTable) or not table.cos.requires_grad:  # None, or traced by torch.fx
                 return checkpoint(self.blocks[i], x, table)
             # a learned table goes in as tensors: a reentrant checkpoint detaches tensor arguments and hands their
             # gradients back once a block, where it would otherwise run backward through the table's graph each time
