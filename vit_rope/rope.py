@@ -242,7 +242,7 @@ def _turns_in_place(packed: Tensor, table: RotaryTable) -> bool:
 def _kernel_turns_in_place(x: Tensor) -> bool:
     """Whether the Triton kernel can turn ``x`` in place: on its device, channels contiguous, and no two rows sharing
     memory (an expanded tensor would be turned once a row that shares it)."""
-    return x.stride(-1) == 1 and rope_triton.rows_apart(x) and rope_triton.available(x)
+    return x.stride(-1) == 1 and rope_triton.available(x) and rope_triton.rows_apart(x)
 
 
 def _check_packed(packed: Tensor, table: RotaryTable, num_heads: int, turn: tuple[bool, ...]) -> None:

@@ -124,9 +124,7 @@ def rotate_rows(
             last * slot_pairs,
             half,
             num_heads,
-            table.stride(0),
-            table.stride(2) if cis.shape[2] > 1 else 0,
-            table.stride(3),
+            *_table_strides(table),
             *src.stride()[:2],
             *dst.stride()[:2],
             INVERSE=inverse,
@@ -135,6 +133,12 @@ def rotate_rows(
             num_warps=TILE["num_warps"],
         )
     return dst
+
+
+def _table_strides(table: Tensor) -> tuple[int, int, int]:
+    """Strides of a real-viewed table ``(N, 1, heads | 1, dim // 2, 2)`` by token, head (0 where one table serves
+    every head) and pair."""
+    return table.stride(0), table.stride(2) if table.shape[2] > 1 else 0, table.stride(3)
 
 
 def _block(n: int, most: int) -> int:
@@ -167,9 +171,7 @@ def heads_to_rows(src: Tensor, cis: Tensor, out: Tensor, slot: int, turn: bool, 
             *src.stride()[:3],
             out.shape[-1],
             slot * heads * dim,
-            table.stride(0),
-            table.stride(2) if cis.shape[2] > 1 else 0,
-            table.stride(3),
+            *_table_strides(table),
             TURN=turn,
             INVERSE=inverse,
             BLOCK_ROWS=block_rows,
