@@ -281,6 +281,47 @@ def release(device: torch.device) -> None:
         print(f"[GPU memory held between sections: {torch.cuda.memory_allocated(device) / 2**30:.2f} GiB]")
 
 
+def host_bound(setup: Setup, names: dict[str, str], repeats: int, calls: int = 20) -> None:
+    """Where the host is the limit (batch 1 inference on a GPU, say): the four models at ViT-S depth (12 blocks) but
+    tiny width and image (24 channels, 2 heads, 2x2 patches), so each call costs the Python and dispatch of its
+    ops and next to no arithmetic; what RoPE adds is printed per block, against our APE model and, for timm, its
+    DeiT-III. Times are of ``calls`` calls in a row (a call is a few ms); inference, and forward + backward."""
+    tiny = dict(img_size=32, patch_size=16, embed_dim=24, num_heads=2, num_classes=2)
+    models = {k: setup.model(n, **tiny) for k, n in names.items()}
+    depth = len(models["ours RoPE"].blocks)
+    x = torch.randn(1, 3, 32, 32, device=setup.device)
+
+    def many(fn):
+        return lambda: [fn() for _ in range(calls)]
+
+    def forward_backward(model, x):
+        model.train()
+        run_model = setup.compiled(model)
+
+        def run():
+            with setup.autocast():
+                run_model(x).sum().backward()
+
+        return run
+
+    for what, make in (("inference", setup.forward_fn), ("forward+backward", forward_backward)):
+        times = timed_rounds({k: many(make(m, x)) for k, m in models.items()}, repeats)
+        us = {k: 1e6 * statistics.median(v) / calls for k, v in times.items()}
+        ours = FIGURES[f"host-bound {what}: ours RoPE - ours APE, us a block"] = (
+            us["ours RoPE"] - us["ours APE"]
+        ) / depth
+        timm_ = FIGURES[f"host-bound {what}: timm RoPE - APE trunk, us a block"] = (
+            us["timm RoPE"] - us["APE trunk"]
+        ) / depth
+        own = speed_ratio(times, "ours RoPE", "ours APE", f"host-bound {what} ours RoPE/ours APE")
+        print(f"host-bound {what} (tiny ViT, {depth} blocks) us a call: "
+              + ", ".join(f"{k} {v:.0f}" for k, v in us.items())
+              + f"; RoPE adds {ours:.1f} us a block to ours (throughput ours RoPE/ours APE {own}), "
+              f"{timm_:.1f} to timm's")  # fmt: skip
+    del models
+    release(setup.device)
+
+
 def without_kernel(fn):
     """``fn`` run with the fused GPU kernel switched off: the eager PyTorch rotation it replaces."""
 
@@ -407,6 +448,8 @@ def main() -> None:
         print(f"12 layers x the apply = {12e-3 * us['apply']:.1f} ms = {100 * share:.1f} % of the APE trunk's "
               f"224px forward ({1e3 * trunk_forward[224]:.1f} ms): a forward throughput ratio of "
               f"{1 / (1 + share):.3f}")  # fmt: skip
+
+    host_bound(setup, names, args.repeats)
 
     # mixed against axial, video against image at equal token counts
     x = torch.randn(args.batch, 3, 224, 224, device=dev)

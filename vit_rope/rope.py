@@ -27,6 +27,7 @@ turning q's and k's back on the way. On a GPU Triton kernels do both (``vit_rope
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -220,6 +221,7 @@ def _split(packed: Tensor, slots: int, num_heads: int) -> tuple[Tensor, ...]:
     return packed.unflatten(-1, (slots, num_heads, -1)).permute(2, 0, 3, 1, 4).unbind(0)
 
 
+@functools.cache  # a handful of distinct patterns; asked once a layer
 def _turned_run(turn: tuple[bool, ...]) -> tuple[int, int] | None:
     """``(first, last)`` of the turned slots when they are one run (what the in-place paths turn), else None."""
     if not any(turn):
@@ -336,15 +338,22 @@ def _turn_slots(packed: Tensor, cis: Tensor, first: int, last: int, num_heads: i
     if out is None and _kernel_turns_in_place(packed):
         rope_triton.rotate_rows(packed, cis, first, last, num_heads)  # one read and one write, any dtype
         return
+    real = _REAL[cis.dtype]
+    if packed.dtype == real and out is None:  # the models' case on a CPU: as few view ops as the multiply needs
+        torch.narrow(_complex_slots(packed, num_heads, cis), 2, first, last - first).mul_(cis)
+        return
     src = _real_pairs(packed, num_heads, cis.shape[-1])[:, :, first:last]
     dst = src if out is None else _real_pairs(out, num_heads, cis.shape[-1])[:, :, first:last]
-    real = _REAL[cis.dtype]
-    if src.dtype == real and out is None:
-        torch.view_as_complex(src).mul_(cis)
-    elif src.dtype == real:
+    if src.dtype == real:
         torch.mul(torch.view_as_complex(src), cis, out=torch.view_as_complex(dst))
     else:
         dst.copy_(torch.view_as_real(torch.view_as_complex(src.to(real)).mul_(cis)))
+
+
+def _complex_slots(packed: Tensor, num_heads: int, cis: Tensor) -> Tensor:
+    """A fused projection ``(B, N, slots · heads · dim)`` in the table's real precision, channels complex-viewable,
+    as complex pairs ``(B, N, slots, heads, dim // 2)`` (a view)."""
+    return packed.view(cis.dtype).view(*packed.shape[:2], -1, num_heads, cis.shape[-1])
 
 
 def _turn_back_rows(grad: Tensor, cis: Tensor, first: int, last: int, num_heads: int) -> Tensor:
@@ -372,19 +381,21 @@ def _slots_to_rows(grads, cis: Tensor, out: Tensor, first: int, last: int, num_h
             rope_triton.heads_to_rows(src, cis, out, slot, turn, inverse=True)
             continue
         if rows is None:
-            rows = _real_pairs(out, num_heads, cis.shape[-1])  # (B, N, slots, heads, dim // 2, 2)
-            back = cis.squeeze(1).conj()  # (N, heads | 1, dim // 2)
+            rows = out.view(*out.shape[:2], -1, num_heads, 2 * cis.shape[-1])  # (B, N, slots, heads, dim)
         dst = rows[:, :, slot]
         if src is None:
             dst.zero_()
             continue
-        pairs = src.transpose(1, 2).unflatten(-1, (-1, 2))
+        src = src.transpose(1, 2)  # (B, N, heads, dim)
         if not turn:
-            dst.copy_(pairs)
-        elif pairs.dtype == dst.dtype == _REAL[cis.dtype] and _complex_viewable(pairs):
-            torch.mul(torch.view_as_complex(pairs), back, out=torch.view_as_complex(dst))
+            dst.copy_(src)
+            continue
+        if back is None:  # once a call, resolved: a product with a lazily conjugated table copies it every time
+            back = cis.squeeze(1).conj().resolve_conj()  # (N, heads | 1, dim // 2)
+        if src.dtype == dst.dtype == _REAL[cis.dtype] and _complex_viewable(src):
+            torch.mul(src.view(cis.dtype), back, out=dst.view(cis.dtype))
         else:
-            dst.copy_(torch.view_as_real(torch.view_as_complex(pairs.to(_REAL[cis.dtype]).contiguous()) * back))
+            dst.copy_(torch.view_as_real(_complex_pairs(src, _REAL[cis.dtype]) * back).flatten(-2))
 
 
 def _table_gradient(

@@ -42,11 +42,12 @@ def available(x: Tensor) -> bool:
     capability 8.0 or later, Ampere on, or an AMD GPU; on any device when Triton runs interpreted, which is how the
     tests check the kernel on a CPU), and ``VIT_ROPE_TRITON=0`` is not set (the switch back to the eager PyTorch
     rotation, for comparison or a GPU that Triton mishandles)."""
-    if triton is None or os.environ.get("VIT_ROPE_TRITON", "1") == "0":
+    # the device first: this runs once a layer, and a CPU tensor needs no further look
+    if triton is None or not (INTERPRETED or x.device.type == "cuda"):
         return False
-    if INTERPRETED:
-        return True
-    return x.device.type == "cuda" and _supported(x.device.index)
+    if os.environ.get("VIT_ROPE_TRITON", "1") == "0":
+        return False
+    return INTERPRETED or _supported(x.device.index)
 
 
 @functools.cache
