@@ -374,28 +374,26 @@ def _slots_to_rows(grads, cis: Tensor, out: Tensor, first: int, last: int, num_h
     gradient (any strides; None for zeros), turned back by ``cis`` in slots ``[first, last)``, else copied: one read
     and one write a slot."""
     kernel = rope_triton.available(out)  # the kernel takes any strides
-    rows = back = None
+    dsts = back = None
     for slot, src in enumerate(grads):
         turn = first <= slot < last
         if src is not None and kernel:
             rope_triton.heads_to_rows(src, cis, out, slot, turn, inverse=True)
             continue
-        if rows is None:
-            rows = out.view(*out.shape[:2], -1, num_heads, 2 * cis.shape[-1])  # (B, N, slots, heads, dim)
-        dst = rows[:, :, slot]
+        if dsts is None:  # every slot of out as (B, heads, N, dim), the layout of its gradient
+            dsts = _split(out, len(grads), num_heads)
+        dst = dsts[slot]
         if src is None:
             dst.zero_()
-            continue
-        src = src.transpose(1, 2)  # (B, N, heads, dim)
-        if not turn:
+        elif not turn:
             dst.copy_(src)
-            continue
-        if back is None:  # once a call, resolved: a product with a lazily conjugated table copies it every time
-            back = cis.squeeze(1).conj().resolve_conj()  # (N, heads | 1, dim // 2)
-        if src.dtype == dst.dtype == _REAL[cis.dtype] and _complex_viewable(src):
-            torch.mul(src.view(cis.dtype), back, out=dst.view(cis.dtype))
         else:
-            dst.copy_(torch.view_as_real(_complex_pairs(src, _REAL[cis.dtype]) * back).flatten(-2))
+            if back is None:  # once a call, resolved: a product with a lazily conjugated table copies it each time
+                back = cis.squeeze(1).transpose(0, 1).conj().resolve_conj()  # (heads | 1, N, dim // 2)
+            if src.dtype == dst.dtype == _REAL[cis.dtype] and _complex_viewable(src):
+                torch.mul(src.view(cis.dtype), back, out=dst.view(cis.dtype))
+            else:
+                dst.copy_(torch.view_as_real(_complex_pairs(src, _REAL[cis.dtype]) * back).flatten(-2))
 
 
 def _table_gradient(
