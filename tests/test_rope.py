@@ -280,6 +280,18 @@ def test_rotate_packed_bad_input():
         rotate_packed(torch.randn(4, 12, 3 * 2 * 16), batched, 2, (True, True, False))
 
 
+def test_turn_flags_may_be_a_list():
+    """``turn`` as a list (not the tuple the signature names) gives the same rotation on every path."""
+    heads, dim = 2, 16
+    table = RotaryEmbedding(dim, axes=2).table((3, 4), dtype=F64)
+    x = torch.randn(2, 12, 3 * heads * dim, dtype=F64)
+    for turn in ([True, True, False], [True, False, True]):  # one run (in place), and not (a turned copy)
+        want = rotate_packed(x.clone(), table, heads, tuple(turn))
+        torch.testing.assert_close(rotate_packed(x.clone(), table, heads, turn), want, rtol=0, atol=0)
+        got = torch.stack(rotate_split(x.clone(), table, heads, turn))
+        torch.testing.assert_close(got, want.unflatten(-1, (3, heads, dim)).permute(2, 0, 3, 1, 4), rtol=0, atol=0)
+
+
 def test_explicit_positions_equal_grid_and_batched_positions():
     rope = RotaryEmbedding(16, axes=2)
     x = torch.randn(2, 3, 12, 16, dtype=F64)

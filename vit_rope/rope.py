@@ -177,6 +177,7 @@ def rotate_packed(packed: Tensor, table: RotaryTable, num_heads: int, turn: tupl
     real-arithmetic path. Gradients reach ``packed`` and learned frequencies; the latter are computed from the
     rotated output, which holds because every table is a rotation (``cos² + sin² = 1``).
     """
+    turn = tuple(turn)  # a list would do for everything but the caches, which key on it
     _check_packed(packed, table, num_heads, turn)
     if not any(turn):
         return packed
@@ -201,6 +202,7 @@ def rotate_split(packed: Tensor, table: RotaryTable, num_heads: int, turn: tuple
     own. A projection that is a view of another tensor (a reshape, a slice of a wider Linear) takes the path of
     :func:`rotate_packed` and autograd's split: autograd lets a Function that writes into a view return only one
     output."""
+    turn = tuple(turn)
     _check_packed(packed, table, num_heads, turn)
     span = _turned_run(turn)
     if span is not None and _turns_in_place(packed, table):
