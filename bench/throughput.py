@@ -20,7 +20,9 @@ of the fastest calls ("best"):
   over the machine's large-copy bandwidth, both measured here;
 * vit_rope_mixed_small against vit_rope_small, and vit_rope3d_small (8×224² clips, 784 tokens) against the image
   model at 448² (784 tokens);
-* activation memory of a training step: the bytes autograd saves for backward (deduplicated by storage).
+* activation memory of a training step: the bytes autograd saves for backward (deduplicated by storage);
+* where the host is the limit: the four models at ViT-S depth but tiny width and image, so that a call is almost all
+  Python and op dispatch; what RoPE adds a block, ours and timm's, in inference and in forward + backward.
 
 ``--dtype bfloat16`` runs every model under bfloat16 autocast (float32 weights, as mixed-precision training does);
 ``--compile`` puts every model, and the apply, through ``torch.compile`` (the same for all, so ratios stay fair): then
