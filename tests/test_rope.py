@@ -244,6 +244,38 @@ def test_rotate_split_of_a_view_and_undefined_gradients():
         rotate_packed(torch.randn(1, 13, 3 * heads * dim, dtype=F64).expand(2, -1, -1), table, heads, turn)
 
 
+@pytest.mark.parametrize("case", ["gradients at an odd offset", "odd stride of a size-1 dim", "bfloat16"])
+def test_rotate_split_layouts_without_a_complex_view(case):
+    """Where no complex view of the channel pairs exists (a gradient starting at an odd element, a projection whose
+    size-1 batch dim has an odd stride) or complex numbers do not (bfloat16), rotate_split still gives the turned
+    slots and the projection's gradient of turning q, k, v one by one in float64 (bfloat16: rounded once)."""
+    heads, dim, turn, B, N = 2, 16, (True, True, False), 1, 13
+    dtype = torch.bfloat16 if case == "bfloat16" else F64
+    table = RotaryEmbedding(dim, axes=2, num_prefix_tokens=1).table((3, 4), dtype=F64 if dtype == F64 else None)
+    x = torch.randn(B, N, 3 * heads * dim, dtype=F64).to(dtype).requires_grad_()
+    w = torch.randn(3, B, heads, N, dim, dtype=F64).to(dtype).double()  # the gradients q, k, v get, exactly
+
+    def loss(q, k, v):
+        if case == "gradients at an odd offset":  # the backward of cat hands each slot a slice starting at element 1
+            flat = torch.cat([x.new_zeros(1), q.reshape(-1), k.reshape(-1), v.reshape(-1)])
+            q, k, v = flat[1:].view(3, B, heads, N, dim)
+        return sum((s.double() * ws).sum() for s, ws in zip((q, k, v), w, strict=True))
+
+    p = x * 1
+    if case == "odd stride of a size-1 dim":
+        p = torch.empty_strided(p.shape, (7, p.shape[-1], 1), dtype=dtype).copy_(p)
+    q, k, v = rotate_split(p, table, heads, turn)
+    (g,) = torch.autograd.grad(loss(q, k, v), [x])
+    x64 = x.detach().double().requires_grad_()
+    table64 = RotaryEmbedding(dim, axes=2, num_prefix_tokens=1).table((3, 4), dtype=F64)
+    slots = (x64 * 1).unflatten(-1, (3, heads, dim)).permute(2, 0, 3, 1, 4)
+    want = [apply_rotary(s, table64) if f else s for s, f in zip(slots, turn, strict=True)]
+    (g_want,) = torch.autograd.grad(loss(*want), [x64])
+    tol = dict(rtol=1e-12, atol=1e-12) if dtype == F64 else dict(rtol=torch.finfo(dtype).eps, atol=1e-6)
+    torch.testing.assert_close(torch.stack((q, k, v)).double(), torch.stack(want), **tol)
+    torch.testing.assert_close(g.double(), g_want.to(dtype).double(), **tol)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_rotate_packed_half_precision_rounds_once(dtype):
     """bf16/fp16 projections (autocast) also turn in place, through float32: values and gradients are the float64

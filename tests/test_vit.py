@@ -391,11 +391,12 @@ def test_bf16_autocast_close_to_float32():
 
 
 @pytest.mark.slow
+@pytest.mark.filterwarnings("error::UserWarning")  # Dynamo warns of what it may trace wrongly (a cached function)
 @pytest.mark.parametrize("name", ["vit_rope_tiny", "vit_rope_mixed_tiny"])
 def test_torch_compile_matches_eager(name):
     """Compiled, q and k turn in inductor's fused real-arithmetic kernel; eagerly, in place as complex numbers. Both
     give the same logits and gradients in float32 (every parameter, the learned frequencies too) and under bfloat16
-    autocast, where each rounds q and k to bfloat16 once."""
+    autocast, where each rounds q and k to bfloat16 once; Dynamo warns of nothing on the way."""
     torch._dynamo.reset()
     model = tiny(name, num_classes=5, reg_tokens=1, embed_dim=64, num_heads=2)
     with torch.no_grad():  # weights of order one, so attention is far from uniform and the rotation shows in logits

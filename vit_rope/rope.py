@@ -27,7 +27,6 @@ turning q's and k's back on the way. On a GPU Triton kernels do both (``vit_rope
 
 from __future__ import annotations
 
-import functools
 import math
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -146,8 +145,16 @@ def apply_rotary(x: Tensor, table: RotaryTable, inverse: bool = False) -> Tensor
         # Eager fast path: one complex multiply reads x once and writes the result once.
         cis = table.cis.conj() if inverse else table.cis
         z = torch.view_as_complex(x.unflatten(-1, (-1, 2)))
-        return torch.view_as_real(z * cis).flatten(-2)
+        out = torch.view_as_real(z * cis).flatten(-2)
+        if out.requires_grad:  # autograd's view_as_real backward cannot view a gradient at an odd offset as complex
+            out.register_hook(_at_even_offset)
+        return out
     return _rotate_real(x, table.cos, -table.sin if inverse else table.sin, table.layout)
+
+
+def _at_even_offset(grad: Tensor) -> Tensor:
+    """``grad``, copied where it starts at an odd element (a slice of a concatenation's gradient, say)."""
+    return grad.clone() if grad.storage_offset() % 2 else grad
 
 
 def _packed_view(t: Tensor) -> Tensor:
@@ -223,7 +230,6 @@ def _split(packed: Tensor, slots: int, num_heads: int) -> tuple[Tensor, ...]:
     return packed.unflatten(-1, (slots, num_heads, -1)).permute(2, 0, 3, 1, 4).unbind(0)
 
 
-@functools.cache  # a handful of distinct patterns; asked once a layer
 def _turned_run(turn: tuple[bool, ...]) -> tuple[int, int] | None:
     """``(first, last)`` of the turned slots when they are one run (what the in-place paths turn), else None."""
     if not any(turn):
@@ -425,18 +431,15 @@ def _table_gradient(
 
 def _complex_pairs(t: Tensor, real: torch.dtype) -> Tensor:
     """The channel pairs of ``t (..., dim)`` as complex numbers of precision ``real``: a view where t allows one."""
-    if t.dtype != real or not _complex_viewable(t):
-        t = t.to(real).contiguous()
+    if t.dtype != real or not _complex_viewable(t):  # a fresh copy: a contiguous t may still start at an odd offset
+        t = t.to(real, copy=True, memory_format=torch.contiguous_format)
     return torch.view_as_complex(t.unflatten(-1, (-1, 2)))
 
 
 def _complex_viewable(x: Tensor) -> bool:
-    """Whether channel pairs of x can be viewed as complex numbers without a copy."""
-    return (
-        x.stride(-1) == 1
-        and x.storage_offset() % 2 == 0
-        and all(st % 2 == 0 for st, n in zip(x.stride()[:-1], x.shape[:-1], strict=True) if n > 1)
-    )
+    """Whether channel pairs of x can be viewed as complex numbers without a copy, by ``view_as_complex`` or by
+    ``Tensor.view(complex dtype)``; the latter asks even strides of every dim, size-1 ones included."""
+    return x.stride(-1) == 1 and x.storage_offset() % 2 == 0 and all(st % 2 == 0 for st in x.stride()[:-1])
 
 
 def _rotate_real(x: Tensor, cos: Tensor, sin: Tensor, layout: Layout) -> Tensor:
