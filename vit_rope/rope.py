@@ -184,7 +184,7 @@ def rotate_packed(packed: Tensor, table: RotaryTable, num_heads: int, turn: tupl
     real-arithmetic path. Gradients reach ``packed`` and learned frequencies; the latter are computed from the
     rotated output, which holds because every table is a rotation (``cos² + sin² = 1``).
     """
-    turn = tuple(turn)  # a list would do for everything but the caches, which key on it
+    turn = tuple(turn)  # a list would do for everything but the table's cache of packed layouts, which keys on it
     _check_packed(packed, table, num_heads, turn)
     if not any(turn):
         return packed
