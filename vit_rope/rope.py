@@ -195,9 +195,7 @@ def rotate_packed(packed: Tensor, table: RotaryTable, num_heads: int, turn: tupl
             return _RotateInPlace.apply(packed, cis, *span, num_heads, False)
         _turn_slots(packed, cis, *span, num_heads)
         return packed
-    t = table.packed(turn)
-    x = packed.unflatten(-1, (len(turn), num_heads, -1))
-    return _rotate_real(x, t.cos, t.sin, t.layout).flatten(2)
+    return _rotated_copy(packed, table, num_heads, turn)
 
 
 @_fx_leaf
@@ -220,9 +218,17 @@ def rotate_split(packed: Tensor, table: RotaryTable, num_heads: int, turn: tuple
             return _RotateInPlace.apply(packed, cis, *span, num_heads, True)[1:]
         else:
             packed = _RotateInPlace.apply(packed, cis, *span, num_heads, False)
-    else:
-        packed = rotate_packed(packed, table, num_heads, turn)
+    elif any(turn):
+        packed = _rotated_copy(packed, table, num_heads, turn)
     return _split(packed, len(turn), num_heads)
+
+
+def _rotated_copy(packed: Tensor, table: RotaryTable, num_heads: int, turn: tuple[bool, ...]) -> Tensor:
+    """The flagged slots of a checked projection turned into a new tensor by the real-arithmetic path (any layout,
+    traceable, exportable, fused by torch.compile)."""
+    t = table.packed(turn)
+    x = packed.unflatten(-1, (len(turn), num_heads, -1))
+    return _rotate_real(x, t.cos, t.sin, t.layout).flatten(2)
 
 
 def _split(packed: Tensor, slots: int, num_heads: int) -> tuple[Tensor, ...]:
