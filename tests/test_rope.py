@@ -686,3 +686,72 @@ def test_odd_storage_offset_input():
     base = torch.randn(3, 18)
     x = base[:, 1:17]  # odd offset: no complex view possible, the real path takes it
     torch.testing.assert_close(rope(x, grid=(3,)), rope(x.contiguous(), grid=(3,)), rtol=1e-6, atol=1e-6)
+
+
+# ------------------------------------------------------------------------------------- less-travelled paths
+def test_rotate_packed_gradient_at_odd_offset():
+    """A gradient that starts at an odd element (a slice of a concatenation's) goes back through the in-place path."""
+    table = RotaryEmbedding(8, axes=2).table((2, 3))
+    x = torch.randn(2, 6, 48, requires_grad=True)
+    out = rotate_packed(x * 1, table, 2, (True, True, False))
+    torch.cat([torch.zeros(1), out.flatten()]).square().sum().backward()
+    reference = x.detach().clone().requires_grad_()
+    rotate_packed(reference * 1, table, 2, (True, True, False)).square().sum().backward()
+    torch.testing.assert_close(x.grad, reference.grad)
+    torch.testing.assert_close(x.grad, 2 * x.detach(), rtol=1e-5, atol=1e-5)  # |R z|² = |z|²
+
+
+def test_apply_rotary_gradcheck():
+    """float64 gradcheck, whose undefined-gradient pass hands the fast path's hook None."""
+    table = RotaryEmbedding(8, axes=2).table((2, 3), dtype=F64)
+    x = torch.randn(2, 6, 8, dtype=F64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x: apply_rotary(x, table), (x,))
+    assert torch.autograd.gradcheck(lambda x: apply_rotary(x, table, inverse=True), (x,))
+
+
+def test_inverse_rotation_of_an_intermediate_compiles_fullgraph():
+    """Dynamo traces the rotation of a tensor made inside the graph (no storage offset to read), inverse too."""
+    lin, rope = torch.nn.Linear(8, 8), RotaryEmbedding(8, axes=2)
+
+    def f(x):
+        return rope(lin(x), (2, 3), inverse=True)
+
+    x = torch.randn(2, 6, 8)
+    torch.testing.assert_close(torch.compile(f, fullgraph=True, backend="eager")(x), f(x), rtol=1e-6, atol=1e-6)
+
+
+def test_yarn_table_gradient_matches_real_arithmetic():
+    """YaRN's tables are scaled rotations (|cis| = temperature): gradients to positions through the in-place path
+    equal those through the real-arithmetic one."""
+    from vit_rope.rope import _rotate_real
+
+    rope = RotaryEmbedding(8, axes=2, scaling="yarn", scale=4.0, ref_grid=(2, 2), theta=1e4)
+    packed = torch.randn(2, 6, 48, dtype=F64)
+    g = torch.randn(2, 2, 6, 8, dtype=F64)
+    grads = []
+    for fast in (True, False):
+        pos = rope.grid_coords((2, 3)).to(F64).requires_grad_()
+        t = rope.table(positions=pos, dtype=F64)
+        if fast:
+            q = rotate_split(packed.clone().requires_grad_() * 1, t, 2, (True, True, False))[0]
+        else:
+            q = _rotate_real(packed.unflatten(-1, (3, 2, 8))[:, :, 0].transpose(1, 2), t.cos, t.sin, "interleaved")
+        (q * g).sum().backward()
+        grads.append(pos.grad)
+    assert grads[0].abs().sum() > 0
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-10, atol=1e-12)
+
+
+def test_yarn_temperature_covers_prefix_rows_and_refuses_turning_back():
+    s = 2.0
+    rope = RotaryEmbedding(16, axes=2, scaling="yarn", ref_grid=(2, 2), num_prefix_tokens=1)
+    t = rope.table((4, 4), dtype=F64)
+    temperature = 0.1 * math.log(s) + 1
+    # every q·k logit, the cls token's too, is scaled alike
+    torch.testing.assert_close(torch.hypot(t.cos, t.sin), torch.full_like(t.cos, temperature))
+    assert rope.has_temperature((4, 4)) and not rope.has_temperature((2, 2))
+    x = torch.randn(17, 16)
+    with pytest.raises(ValueError, match="inverse=True under scaling='yarn'"):
+        rope(x, (4, 4), inverse=True)
+    x = torch.randn(5, 16)  # at the training grid YaRN changes nothing, so turning back is fine
+    torch.testing.assert_close(rope(rope(x, (2, 2)), (2, 2), inverse=True), x, rtol=1e-5, atol=1e-5)

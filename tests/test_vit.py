@@ -147,6 +147,41 @@ def test_forward_hook_on_qkv_sees_the_projection_unrotated():
     torch.testing.assert_close(out, model.blocks[0].attn.qkv(x), rtol=0, atol=0)
 
 
+def test_backward_hook_on_qkv_sees_the_projection_and_changes_nothing():
+    """A backward hook hands the projection's output out as a view that may not change in place: q and k turn in a
+    copy then, with the same output and gradients."""
+    x = torch.randn(2, 3, 32, 32)
+    model = tiny()
+    model(x).square().sum().backward()
+    expected = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    calls = []
+    model.blocks[0].attn.qkv.register_full_backward_hook(lambda mod, grad_in, grad_out: calls.append(grad_out[0]))
+    model(x).square().sum().backward()
+    assert len(calls) == 1 and calls[0].shape[-1] == 3 * 192
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, expected[n], rtol=1e-5, atol=1e-6, msg=n)
+
+
+def test_attention_refuses_a_table_of_every_layer():
+    from vit_rope.attention import Attention
+    from vit_rope.rope import RotaryEmbedding
+
+    rope = RotaryEmbedding(8, axes=2, freqs="mixed", num_heads=2, depth=2)
+    table = rope.table((2, 2))  # (depth, heads, N, dim // 2): one layer must be picked
+    for targets in ("qk", "o"):
+        with pytest.raises(ValueError, match="RotaryTable.layer"):
+            Attention(16, 2, rope_targets=targets)(torch.randn(2, 4, 16), table)
+
+
+def test_vo_rope_refuses_yarn_where_its_temperature_applies():
+    model = tiny(rope_targets="vo", rope_scaling="yarn", img_size=32).eval()
+    model(torch.randn(1, 3, 32, 32))  # the training grid: YaRN is the identity there
+    with pytest.raises(ValueError, match="rope_scaling='yarn' at grid \\(4, 4\\).*turning v or o"):
+        model(torch.randn(1, 3, 64, 64))
+    tiny(rope_targets="qk", rope_scaling="yarn", img_size=32).eval()(torch.randn(1, 3, 64, 64))
+
+
 def test_fused_layerscale_residual_equals_the_plain_one(monkeypatch):
     """Blocks add LayerScale'd branches in one addcmul (LayerScale itself is not called); output and gradients equal
     x + ls(y); a hook on ls still fires (it gets the plain path); stochastic depth still drops branches whenever its
@@ -478,8 +513,10 @@ def test_bad_input_errors():
         model(torch.randn(1, 3, 70, 64))
     with pytest.raises(ValueError, match="video clip\\? use a vit_rope3d"):
         model(torch.randn(1, 3, 4, 64, 64))
-    with pytest.raises(ValueError, match="head_dim=2 .*does not suit RoPE"):
+    with pytest.raises(ValueError, match="RoPE over 2 axes: dim=2 .*head_dim=2 is embed_dim 12 / 6 heads"):
         timm.create_model("vit_rope_tiny", embed_dim=12, num_heads=6, depth=1)
+    with pytest.raises(ValueError, match="layout='halves'.*rope_<name> sets <name>\\)$"):  # no head-dim hint
+        tiny(rope_layout="halves")
     with pytest.raises(ValueError, match="pos_embed='learned'"):
         tiny(pos_embed="learned")
     with pytest.raises(ValueError, match="rope_targets='qx'"):

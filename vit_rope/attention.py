@@ -17,6 +17,14 @@ from .rope import RotaryTable, apply_rotary, rotate_split
 ROPE_TARGETS = ("qk", "vo", "qkvo", "q", "k", "v", "o", "qkv", "none")
 
 
+def hooked(*modules: nn.Module) -> bool:
+    """Whether a hook would see a call of these modules, forward or backward (then a fused or in-place path, which
+    skips the calls or overwrites their output, is not taken)."""
+    glob = nn.modules.module
+    hooks = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+    return any(getattr(m, h) for m in modules for h in hooks) or any(getattr(glob, f"_global{h}") for h in hooks)
+
+
 def parse_rope_targets(targets: str) -> str:
     """Normalise a targets string to the canonical order of letters in 'qkvo' ('' for none)."""
     letters = "" if targets in ("none", "") else targets
@@ -53,10 +61,17 @@ class Attention(nn.Module):
 
     def forward(self, x: Tensor, rope: RotaryTable | None = None) -> Tensor:
         B, N, C = x.shape
+        if rope is not None and rope.cos.ndim > 3:
+            raise ValueError(
+                f"the rotary table has shape {tuple(rope.cos.shape)}; attention takes ([heads,] N, dim // 2), the "
+                "same positions for the whole batch: take one layer of a per-layer table with RotaryTable.layer(i)"
+            )
         qkv = self.qkv(x)
         if rope is not None and any(self._turn_qkv):
-            if self.qkv._forward_hooks or nn.modules.module._global_forward_hooks:
-                qkv = qkv.clone()  # a hook may hold the projection's output: keep it as the hook saw it
+            if hooked(self.qkv):
+                # a forward hook may hold the projection's output, and a backward hook hands it out as a view that
+                # may not change in place: turn a copy, so the hooks see the projection as it was
+                qkv = qkv.clone()
             split = rotate_split(qkv, rope, self.num_heads, self._turn_qkv)
             del qkv  # where the rotation made a copy (the half layout, say), the projection's output goes now
             q, k, v = split[0], split[1], split[2]  # indexed, not unpacked: torch.fx traces a tuple it cannot size

@@ -141,7 +141,8 @@ def apply_rotary(x: Tensor, table: RotaryTable, inverse: bool = False) -> Tensor
             f"x has {x.shape[-2]} tokens but the rotary table has {table.num_tokens}; the grid (plus prefix tokens) "
             "must match the sequence length of x"
         )
-    if table.layout == "interleaved" and x.dtype == table.cos.dtype and _complex_viewable(x) and not _tracing():
+    # _tracing() first: the offset check in _complex_viewable is not traceable (torch.compile, fullgraph)
+    if table.layout == "interleaved" and not _tracing() and x.dtype == table.cos.dtype and _complex_viewable(x):
         # Eager fast path: one complex multiply reads x once and writes the result once.
         cis = table.cis.conj() if inverse else table.cis
         z = torch.view_as_complex(x.unflatten(-1, (-1, 2)))
@@ -153,8 +154,9 @@ def apply_rotary(x: Tensor, table: RotaryTable, inverse: bool = False) -> Tensor
 
 
 def _at_even_offset(grad: Tensor) -> Tensor:
-    """``grad``, copied where it starts at an odd element (a slice of a concatenation's gradient, say)."""
-    return grad.clone() if grad.storage_offset() % 2 else grad
+    """``grad``, copied where it starts at an odd element (a slice of a concatenation's gradient, say); None (no
+    gradient) passes."""
+    return grad.clone() if grad is not None and grad.storage_offset() % 2 else grad
 
 
 def _packed_view(t: Tensor) -> Tensor:
@@ -181,8 +183,8 @@ def rotate_packed(packed: Tensor, table: RotaryTable, num_heads: int, turn: tupl
     once), and attention then reads q, k, v exactly where an absolute-embedding ViT would. ``packed`` must be a fresh
     result that nothing else holds (autograd's version counter checks that for backward). Otherwise (tracing,
     compile, export, other dtypes, the half layout, slots that are not one run) it returns a rotated copy through the
-    real-arithmetic path. Gradients reach ``packed`` and learned frequencies; the latter are computed from the
-    rotated output, which holds because every table is a rotation (``cos² + sin² = 1``).
+    real-arithmetic path. Gradients reach ``packed`` and learned frequencies (or positions); the latter are computed
+    from the rotated output and the table, with no copy of the input kept.
     """
     turn = tuple(turn)  # a list would do for everything but the table's cache of packed layouts, which keys on it
     _check_packed(packed, table, num_heads, turn)
@@ -374,7 +376,8 @@ def _turn_back_rows(grad: Tensor, cis: Tensor, first: int, last: int, num_heads:
     """A new ``(B, N, width)`` tensor: slots ``[first, last)`` of ``grad`` turned back by ``cis``, the others copied."""
     if grad.stride(-1) == 1 and rope_triton.available(grad):  # one kernel writes the whole row
         return rope_triton.rotate_rows(grad, cis, first, last, num_heads, inverse=True, out=torch.empty_like(grad))
-    grad = grad.contiguous()
+    if not grad.is_contiguous() or grad.storage_offset() % 2:  # contiguous is not enough: it may start at an odd
+        grad = grad.clone(memory_format=torch.contiguous_format)  # element, which no complex view takes
     grad_in = torch.empty_like(grad)
     _turn_slots(grad, cis.conj(), first, last, num_heads, out=grad_in)
     g, g_in = (_real_pairs(t, num_heads, cis.shape[-1]) for t in (grad, grad_in))
@@ -416,10 +419,10 @@ def _table_gradient(
     """The gradient of a learned table ``cis (N, 1, heads | 1, dim // 2)`` from the turned projection ``out`` and the
     gradients of its slots (``(B, N, heads, dim)`` each, None where unused; slots ``[first, last)`` turned).
 
-    For ``out = z · cis`` it is ``Σ g · conj(z)`` over the batch and the turned slots. Every table is a rotation
-    (``|cis| = 1``), so ``conj(z) = conj(out) · cis``, and cis, the same for every batch element and slot, comes out
-    of the sum: ``cis · Σ conj(out) · g``, one product and sum a slot, with no pass to recover z (for half-precision
-    outputs, z up to their rounding)."""
+    For ``out = z · cis`` it is ``Σ g · conj(z)`` over the batch and the turned slots. ``conj(z) = conj(out) · cis /
+    |cis|²``, and that factor, the same for every batch element and slot, comes out of the sum: ``cis / |cis|² · Σ
+    conj(out) · g``, one product and sum a slot, with no pass to recover z (for half-precision outputs, z up to their
+    rounding). ``|cis|`` is 1 for a pure rotation and YaRN's temperature for its tables."""
     real = _REAL[cis.dtype]
     slots = out.unflatten(-1, (-1, num_heads, 2 * cis.shape[-1]))  # (B, N, slots, heads, dim)
     total = None
@@ -432,7 +435,9 @@ def _table_gradient(
     if total is None:
         return None
     total = total.unsqueeze(1)
-    return (total.sum(2, keepdim=True) if cis.shape[2] == 1 else total) * cis
+    return (total.sum(2, keepdim=True) if cis.shape[2] == 1 else total) * (
+        cis / (cis.real.square() + cis.imag.square())
+    )
 
 
 def _complex_pairs(t: Tensor, real: torch.dtype) -> Tensor:
@@ -712,6 +717,11 @@ class RotaryEmbedding(nn.Module):
             start += d // 2
         return F
 
+    def has_temperature(self, grid: Sequence[int] | None = None) -> bool:
+        """Whether tables for ``grid`` carry YaRN's attention temperature (``|cos + i·sin| ≠ 1``): they then scale
+        what they turn, which suits q and k (the temperature of their logits) but not v or an output turned back."""
+        return self._magnitude(self._scales(grid)) is not None
+
     def _magnitude(self, scales: Sequence[float]) -> Tensor | None:
         """YaRN's attention temperature ``0.1 ln s + 1`` per rotated pair (None when it is 1 everywhere)."""
         if self.scaling != "yarn" or max(scales) <= 1:
@@ -808,14 +818,14 @@ class RotaryEmbedding(nn.Module):
                     c = c.view(c.shape[0], *([1] * (F.ndim - 2)), *c.shape[1:])
                 angles = c @ F
             cos, sin = angles.cos(), angles.sin()
-            mag = self._magnitude(scales)
-            if mag is not None:
-                mag = mag.to(device=device, dtype=cos.dtype)
-                cos, sin = cos * mag, sin * mag
             if self.num_prefix_tokens:
                 pad = (0, 0, self.num_prefix_tokens, 0)
                 cos = nn.functional.pad(cos, pad, value=1.0)
                 sin = nn.functional.pad(sin, pad, value=0.0)
+            mag = self._magnitude(scales)
+            if mag is not None:  # after the prefix rows: the temperature scales every q·k logit, the cls token's too
+                mag = mag.to(device=device, dtype=cos.dtype)
+                cos, sin = cos * mag, sin * mag
             if positions is not None and positions.ndim == 3 and self.freqs is None:
                 # batched positions (B, N, axes) -> (B, 1, N, P): broadcasts against x (..., B, heads, N, dim)
                 cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
@@ -851,6 +861,11 @@ class RotaryEmbedding(nn.Module):
                     f"x has {x.shape[-2]} tokens but grid={tuple(grid)} has {math.prod(grid)}{prefix}; tokens must be "
                     "the flattened (row-major) grid"
                 )
+        if inverse and self.has_temperature(grid):
+            raise ValueError(
+                "inverse=True under scaling='yarn' at a scale above 1: its table scales by the attention temperature "
+                "as it turns, so turning back would scale again instead of undoing; use 'pi', 'ntk' or 'normalized'"
+            )
         table = self.table(grid, positions, device=x.device, dtype=x.dtype)
         if self.depth is not None:
             if layer is None:

@@ -19,6 +19,7 @@ through :func:`checkpoint_filter_fn` with equal outputs.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from functools import partial
 from typing import Any
@@ -42,7 +43,7 @@ from timm.models._manipulate import checkpoint, named_apply
 from timm.models.vision_transformer import init_weights_vit_timm
 from torch import Tensor, nn
 
-from .attention import Attention
+from .attention import Attention, hooked, parse_rope_targets
 from .rope import RotaryEmbedding, RotaryTable
 
 __all__ = ["VisionTransformer", "checkpoint_filter_fn", "POS_EMBEDS"]
@@ -91,13 +92,6 @@ class Block(nn.Module):
         return x + drop_path(ls(y))
 
 
-def hooked(*modules: nn.Module) -> bool:
-    """Whether a hook would see a call of these modules (then the fused path, which skips the calls, is not taken)."""
-    glob = nn.modules.module
-    hooks = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
-    return any(getattr(m, h) for m in modules for h in hooks) or any(getattr(glob, f"_global{h}") for h in hooks)
-
-
 def drop_path_off(drop_path: nn.Module) -> bool:
     """Whether stochastic depth passes its input through unchanged (none, rate 0, or not in training mode)."""
     return type(drop_path) is nn.Identity or (
@@ -139,7 +133,12 @@ def resample_grid_embed(pos_embed: Tensor, grid: Sequence[int], ref_grid: Sequen
 
 @register_notrace_function
 def embed_positions(
-    x: Tensor, pos_embed: Tensor | None, sincos: bool, rope: RotaryEmbedding | None, ref_grid: tuple[int, ...]
+    x: Tensor,
+    pos_embed: Tensor | None,
+    sincos: bool,
+    rope: RotaryEmbedding | None,
+    ref_grid: tuple[int, ...],
+    rope_vo: bool = False,
 ) -> tuple[Tensor, RotaryTable | None, tuple[int, ...]]:
     """Patch tokens ``(B, *grid, C)`` → flat tokens with any absolute embedding added, the rotary table of the grid
     (cached; prefix rows identity), and the grid. A leaf for torch.fx: everything here depends on the grid size."""
@@ -149,6 +148,11 @@ def embed_positions(
         x = x + resample_grid_embed(pos_embed, grid, ref_grid)
     elif sincos:
         x = x + build_sincos2d_pos_embed(list(grid), x.shape[-1], device=x.device).unsqueeze(0).to(x.dtype)
+    if rope_vo and rope is not None and rope.has_temperature(grid):
+        raise ValueError(
+            f"rope_scaling='yarn' at grid {grid} scales q and k by its attention temperature, which would scale v and "
+            "the output too with rope_targets turning v or o; use rope_scaling 'pi', 'ntk' or 'normalized' there"
+        )
     table = rope.table(grid, device=x.device, dtype=x.dtype) if rope is not None else None
     return x, table, grid
 
@@ -235,6 +239,7 @@ class VisionTransformer(nn.Module):
         head_dim = embed_dim // num_heads
         self.rope: RotaryEmbedding | None = None
         self.rope_per_layer = pos_embed == "rope_mixed" and rope_mixed_per_layer
+        self.rope_vo = False
         if pos_embed.startswith("rope"):
             try:
                 self.rope = RotaryEmbedding(
@@ -257,10 +262,13 @@ class VisionTransformer(nn.Module):
                     rescale=rope_rescale,
                 )
             except ValueError as e:
-                raise ValueError(
-                    f"head_dim={head_dim} (embed_dim {embed_dim} / {num_heads} heads) does not suit RoPE over "
-                    f"{len(grid)} axes: {e}; change embed_dim/num_heads or rope_axis_dims"
-                ) from e
+                # the layer names its arguments without the model's "rope_" prefix; say so, and where the head dim
+                # is what does not fit, where that comes from
+                about_dim = re.search(r"\b(dim|axis_dims)=", str(e)) is not None
+                hint = f"; head_dim={head_dim} is embed_dim {embed_dim} / {num_heads} heads" if about_dim else ""
+                raise ValueError(f"RoPE over {len(grid)} axes: {e} (the model's rope_<name> sets <name>){hint}") from e
+            # VO-RoPE needs pure rotations (checked against the scaling at each grid in embed_positions)
+            self.rope_vo = any(c in parse_rope_targets(rope_targets) for c in "vo")
         elif rope_targets not in ("qk", "none"):
             raise ValueError(f"rope_targets={rope_targets!r} needs a RoPE pos_embed, not {pos_embed!r}")
 
@@ -361,7 +369,12 @@ class VisionTransformer(nn.Module):
         self._check_input(x)
         x = self.patch_embed(x)
         x, rope, grid = embed_positions(
-            x, self.pos_embed, self.pos_embed_type == "sincos", self.rope, tuple(self.patch_embed.grid_size)
+            x,
+            self.pos_embed,
+            self.pos_embed_type == "sincos",
+            self.rope,
+            tuple(self.patch_embed.grid_size),
+            self.rope_vo,
         )
         prefix = [t.expand(x.shape[0], -1, -1) for t in (self.cls_token, self.reg_token) if t is not None]
         if prefix:
