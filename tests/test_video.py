@@ -91,6 +91,42 @@ def test_start_from_image_checkpoint(tmp_path):
     torch.testing.assert_close(video.pos_embed[:, 196:392], image.pos_embed)
 
 
+@pytest.mark.parametrize("grid", [(8, 32), (4, 64)])  # (frames, size): another clip length, another frame size
+def test_video_ape_checkpoint_resamples_to_another_clip_grid(grid, tmp_path):
+    from vit_rope.vit import resample_grid_embed
+
+    kw = dict(patch_size=8, depth=1, pos_embed="ape")
+    source = tiny_video(num_frames=4, img_size=32, **kw)  # grid (2, 4, 4)
+    path = tmp_path / "video.safetensors"
+    save_file({k: v.contiguous() for k, v in source.state_dict().items()}, str(path))
+    frames, size = grid
+    model = tiny_video(
+        num_frames=frames, img_size=size, pretrained=True, pretrained_cfg_overlay=dict(file=str(path)), **kw
+    )
+    new_grid = model.patch_embed.grid_size
+    torch.testing.assert_close(model.pos_embed, resample_grid_embed(source.pos_embed, new_grid, (2, 4, 4)))
+    # a grid that n cannot tell: another clip length and another frame size at once
+    with pytest.raises(ValueError, match="fit neither"):
+        tiny_video(num_frames=8, img_size=48, pretrained=True, pretrained_cfg_overlay=dict(file=str(path)), **kw)
+
+
+def test_video_pretrained_weights_adapt_to_one_channel(tmp_path):
+    image = timm.create_model("vit_rope_tiny", depth=1, img_size=32, patch_size=8)
+    path = tmp_path / "image.safetensors"
+    save_file({k: v.contiguous() for k, v in image.state_dict().items()}, str(path))
+    video = tiny_video(
+        depth=1,
+        img_size=32,
+        patch_size=8,
+        num_frames=4,
+        in_chans=1,
+        pretrained=True,
+        pretrained_cfg_overlay=dict(file=str(path)),
+    )
+    inflated = image.patch_embed.proj.weight.detach().unsqueeze(2).repeat(1, 1, 2, 1, 1) / 2
+    torch.testing.assert_close(video.patch_embed.proj.weight, inflated.sum(1, keepdim=True))
+
+
 def test_video_errors():
     model = tiny_video()
     with pytest.raises(ValueError, match=r"take \(B, C, T, H, W\).*image batch"):

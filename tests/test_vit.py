@@ -410,6 +410,48 @@ def test_set_input_size_resamples_ape_and_moves_rope_reference():
     assert rope.rope.ref_grid == (8, 8)
 
 
+def test_set_input_size_keeps_ape_outputs_at_the_new_size():
+    """set_input_size resamples the APE as a forward pass at that size does: outputs there do not change."""
+    model = tiny("vit_ape_tiny", img_size=32, patch_size=8).eval()
+    with torch.no_grad():
+        model.pos_embed.normal_()  # a far from smooth embedding, where resampling choices show
+        x = torch.randn(2, 3, 64, 64)
+        before = model(x)
+        model.set_input_size(img_size=64)
+        torch.testing.assert_close(model(x), before, rtol=1e-5, atol=1e-5)
+
+
+def test_checkpoint_ape_of_a_grid_that_cannot_be_inferred_errors(tmp_path):
+    source = tiny("vit_ape_tiny", img_size=(32, 48), patch_size=8)  # 4x6 = 24 positions: no square
+    path = save(source, tmp_path / "w.safetensors")
+    with pytest.raises(ValueError, match="24 positions, no square grid.*set_input_size"):
+        tiny("vit_ape_tiny", img_size=64, patch_size=8, pretrained=True, pretrained_cfg_overlay=dict(file=path))
+    # at the checkpoint's own size it loads, and set_input_size then moves it
+    same = tiny(
+        "vit_ape_tiny", img_size=(32, 48), patch_size=8, pretrained=True, pretrained_cfg_overlay=dict(file=path)
+    )
+    torch.testing.assert_close(same.pos_embed, source.pos_embed)
+
+
+@pytest.mark.parametrize("in_chans", [1, 4])
+def test_pretrained_weights_adapt_to_other_in_chans(in_chans, tmp_path):
+    """timm's rule (summed for one channel, tiled and rescaled for more), as timm applies it to DeiT-III."""
+    source = tiny(img_size=32, patch_size=8)
+    path = save(source, tmp_path / "w.safetensors")
+    model = tiny(img_size=32, patch_size=8, in_chans=in_chans, pretrained=True, pretrained_cfg_overlay=dict(file=path))
+    expected = timm.models.adapt_input_conv(in_chans, source.patch_embed.proj.weight.detach())
+    torch.testing.assert_close(model.patch_embed.proj.weight, expected)
+    assert model(torch.randn(1, in_chans, 32, 32)).shape == (1, 1000)
+
+
+def test_reset_classifier_token_pool_needs_a_class_token():
+    model = tiny(class_token=False, global_pool="avg")
+    with pytest.raises(ValueError, match="global_pool='token' needs class_token=True"):
+        model.reset_classifier(10, "token")
+    model.reset_classifier(10, "max")
+    assert model.global_pool == "max"
+
+
 def test_dynamic_img_pad_pads_instead():
     model = tiny(dynamic_img_pad=True).eval()
     assert model(torch.randn(1, 3, 70, 50)).shape == (1, 1000)

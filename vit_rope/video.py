@@ -21,7 +21,14 @@ from timm.layers._fx import register_notrace_function
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from torch import Tensor, nn
 
-from .vit import SIZES, VisionTransformer, checkpoint_filter_fn, unwrap_state_dict
+from .vit import (
+    SIZES,
+    VisionTransformer,
+    checkpoint_filter_fn,
+    resample_grid_embed,
+    square_embed_grid,
+    unwrap_state_dict,
+)
 
 __all__ = ["TubeletEmbed", "VideoVisionTransformer", "inflate_image_checkpoint"]
 
@@ -92,10 +99,27 @@ class VideoVisionTransformer(VisionTransformer):
         raise NotImplementedError("video models take any clip size the tubelet divides; create a new model instead")
 
 
+def video_embed_grid(n: int, grid: tuple[int, int, int]) -> tuple[int, int, int]:
+    """The (time, rows, cols) grid of a video checkpoint's APE of n rows, for a model of ``grid``: the same frame
+    grid with another number of time steps, or the same time steps over another square frame grid. Anything else
+    cannot be told from n alone and gets one clear error."""
+    T, H, W = grid
+    if n % (H * W) == 0:
+        return n // (H * W), H, W
+    side = math.isqrt(n // T)
+    if n % T == 0 and side * side == n // T:
+        return T, side, side
+    raise ValueError(
+        f"the video checkpoint's pos_embed has {n} positions, which fit neither {H}x{W} frames nor {T} time steps of "
+        "square frames; create the model with the checkpoint's num_frames and img_size"
+    )
+
+
 def inflate_image_checkpoint(state_dict: dict[str, Tensor], model: VideoVisionTransformer) -> dict[str, Tensor]:
     """Adapt an image or video checkpoint to a video model (``pretrained_filter_fn`` of the video models)."""
     state_dict = dict(unwrap_state_dict(state_dict))
     w = state_dict.get("patch_embed.proj.weight")
+    video = w is not None and w.ndim == 5  # a video checkpoint: its APE is over (time, rows, cols)
     if w is not None and w.ndim == 4:  # image kernel → each of the tubelet's frames gets kernel / depth
         t = model.patch_embed.tubelet_size
         if w.shape[-2:] != model.patch_embed.patch_size:
@@ -109,14 +133,11 @@ def inflate_image_checkpoint(state_dict: dict[str, Tensor], model: VideoVisionTr
         n = pe.shape[1]
         if n == T * H * W:
             state_dict["pos_embed"] = pe
+        elif video:  # another clip length or frame size: trilinear, as a forward pass at that size resamples it
+            state_dict["pos_embed"] = resample_grid_embed(pe, (T, H, W), video_embed_grid(n, (T, H, W)))
         else:  # an image APE: spatial grid, prefix slots dropped, resampled, repeated over time
-            side = math.isqrt(n)
-            if side * side != n:
-                pe = pe[:, n - math.isqrt(n - 1) ** 2 :]
-                side = math.isqrt(pe.shape[1])
-            from timm.layers import resample_abs_pos_embed
-
-            pe = resample_abs_pos_embed(pe, [H, W], [side, side], num_prefix_tokens=0, antialias=False)
+            pe, src = square_embed_grid(pe, "the image checkpoint's pos_embed")
+            pe = resample_grid_embed(pe, (H, W), src)
             state_dict["pos_embed"] = pe.reshape(1, 1, H * W, -1).expand(1, T, H * W, -1).reshape(1, T * H * W, -1)
     freqs = state_dict.get("rope.freqs")
     own = model.rope.freqs if model.rope is not None else None

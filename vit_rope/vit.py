@@ -118,6 +118,29 @@ def check_image_input(x: Tensor, in_chans: int, patch_size: Sequence[int], pad: 
         )
 
 
+def check_global_pool(global_pool: str, class_token: bool) -> None:
+    """One clear error for a pooling the model cannot do."""
+    if global_pool not in ("", "token", "avg", "max"):
+        raise ValueError(f"global_pool={global_pool!r}: choose '', 'token', 'avg' or 'max'")
+    if global_pool == "token" and not class_token:
+        raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg' without one")
+
+
+def square_embed_grid(pos_embed: Tensor, what: str = "checkpoint pos_embed") -> tuple[Tensor, list[int]]:
+    """A checkpoint's image APE ``(1, n, C)`` without its prefix-token slots, and its grid, inferred from n: a square
+    grid, else a square after one slot (classic ViT: cls) or two (DeiT: cls, distillation). Any other n is a grid
+    that cannot be told from n alone, and gets one clear error rather than a guess."""
+    n = pos_embed.shape[1]
+    for prefix in (0, 1, 2):
+        side = math.isqrt(n - prefix)
+        if side * side == n - prefix:
+            return pos_embed[:, prefix:], [side, side]
+    raise ValueError(
+        f"{what} has {n} positions, no square grid (with 0-2 prefix slots), so its grid cannot be inferred; create "
+        "the model at the checkpoint's img_size, load it, then call model.set_input_size(img_size=...)"
+    )
+
+
 def resample_grid_embed(pos_embed: Tensor, grid: Sequence[int], ref_grid: Sequence[int]) -> Tensor:
     """An absolute embedding over ``ref_grid`` resampled to ``grid``: bicubic in 2D (align_corners=False, no
     antialias, RoPE-ViT's protocol, via timm's ``resample_abs_pos_embed``), trilinear in 3D."""
@@ -212,10 +235,7 @@ class VisionTransformer(nn.Module):
         super().__init__()
         if pos_embed not in POS_EMBEDS:
             raise ValueError(f"pos_embed={pos_embed!r}: choose one of {POS_EMBEDS}")
-        if global_pool not in ("", "token", "avg", "max"):
-            raise ValueError(f"global_pool={global_pool!r}: choose '', 'token', 'avg' or 'max'")
-        if global_pool == "token" and not class_token:
-            raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg' without one")
+        check_global_pool(global_pool, class_token)
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}; choose a divisor")
         self.num_classes = num_classes
@@ -341,8 +361,7 @@ class VisionTransformer(nn.Module):
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         self.num_classes = num_classes
         if global_pool is not None:
-            if global_pool not in ("", "token", "avg", "max"):
-                raise ValueError(f"global_pool={global_pool!r}: choose '', 'token', 'avg' or 'max'")
+            check_global_pool(global_pool, self.cls_token is not None)
             self.global_pool = global_pool
         self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
 
@@ -352,8 +371,8 @@ class VisionTransformer(nn.Module):
         self.patch_embed.set_input_size(img_size=img_size, patch_size=patch_size)
         grid = self.patch_embed.grid_size
         if self.pos_embed is not None and tuple(grid) != tuple(prev_grid):
-            new = resample_abs_pos_embed(self.pos_embed, list(grid), list(prev_grid), num_prefix_tokens=0)
-            self.pos_embed = nn.Parameter(new)
+            # the same resampling as a forward pass at that size, so that outputs there do not change
+            self.pos_embed = nn.Parameter(resample_grid_embed(self.pos_embed.detach(), grid, prev_grid))
         if self.rope is not None:
             self.rope.ref_grid = tuple(grid)
             self.rope.clear_cache()
@@ -476,10 +495,11 @@ def checkpoint_filter_fn(state_dict: dict[str, Tensor], model: VisionTransformer
     * timm Eva names ``gamma_1/2`` → ``ls1/2.gamma``; Eva's mixed frequencies ``(2=(x, y), depth, heads, P)`` →
       ours ``(depth, heads, axes=(row, col), P)``;
     * APE resampled bicubically to the model's grid (a prefix-token slot, as in classic ViTs, is dropped);
-    * patch embedding resampled to another patch size;
+    * patch embedding resampled to another patch size, and adapted to another ``in_chans`` (timm's rule);
     * a classifier of another size, or parameters the model lacks, are left to the model's own initialisation.
     """
     from timm.layers import resample_patch_embed
+    from timm.models import adapt_input_conv
 
     state_dict = unwrap_state_dict(state_dict)
     own = model.state_dict()
@@ -490,16 +510,15 @@ def checkpoint_filter_fn(state_dict: dict[str, Tensor], model: VisionTransformer
             v = torch.stack((v[1], v[0]), dim=2)  # (x, y) → grid order (row, col)
         elif k == "pos_embed" and k in own and v.shape != own[k].shape:
             grid = list(model.patch_embed.grid_size)
-            n = v.shape[1]
-            side = math.isqrt(n)
-            if side * side != n:  # a classic ViT embedding with prefix-token slots
-                prefix = n - math.isqrt(n - 1) ** 2
-                v = v[:, prefix:]
-                side = math.isqrt(v.shape[1])
+            v, src = square_embed_grid(v)
             if v.shape[1] != math.prod(grid):
-                v = resample_abs_pos_embed(v, grid, [side, side], num_prefix_tokens=0, antialias=False)
-        elif k == "patch_embed.proj.weight" and k in own and v.shape[-2:] != own[k].shape[-2:]:
-            v = resample_patch_embed(v, list(own[k].shape[-2:]))
+                v = resample_grid_embed(v, grid, src)
+        elif k == "patch_embed.proj.weight" and k in own and v.shape != own[k].shape:
+            if v.ndim == 4 and v.shape[-2:] != own[k].shape[-2:]:
+                v = resample_patch_embed(v, list(own[k].shape[-2:]))
+            if v.shape[1] != own[k].shape[1]:  # another in_chans: timm's adaptation (summed for 1, tiled for more)
+                kernel = v.shape[2:]
+                v = adapt_input_conv(own[k].shape[1], v.flatten(2, -2)).unflatten(2, kernel[:-1])
         if k not in own:
             continue
         if v.shape != own[k].shape:
