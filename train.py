@@ -18,6 +18,7 @@ import csv
 import json
 import math
 import os
+import pickle
 import random
 import re
 import sys
@@ -41,6 +42,7 @@ from tqdm import tqdm
 
 import vit_rope  # noqa: F401  (registers the models)
 from vit_rope import data as D
+from vit_rope.rope import SCALING_MODES
 from vit_rope.video import inflate_image_checkpoint
 from vit_rope.vit import checkpoint_filter_fn
 
@@ -104,7 +106,13 @@ def _kv(text: str) -> tuple[str, object]:
     if "=" not in text:
         raise argparse.ArgumentTypeError(f"--model-kwargs takes key=value pairs, got {text!r} (e.g. patch_size=4)")
     k, v = text.split("=", 1)
-    return k, yaml.safe_load(v)
+    try:
+        return k, yaml.safe_load(v)
+    except yaml.YAMLError as e:
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise argparse.ArgumentTypeError(
+            f"cannot read the value of {k!r}, {v!r}, as YAML ({problem}); write lists as [8,12,12], strings plainly"
+        ) from None
 
 
 def parse_config(argv: list[str] | None = None) -> tuple[dict, set[str]]:
@@ -258,17 +266,8 @@ def build_data(cfg: dict, dc: dict) -> tuple[Dataset, callable, int]:
         train = D.SyntheticMotion(cfg["train_samples"], split="train", **kw)
         val = D.SyntheticMotion(cfg["val_samples"], split="val", **kw)
         return train, (lambda s, p: NativeVideo(val, s) if p == "native" else Resized(val, s)), val.num_classes
-    if name == "clipfolder":
-        for split in ("train", "val"):
-            if not os.path.isdir(os.path.join(root, split)):
-                raise SystemExit(
-                    f"error: {os.path.join(root, split)!r} is missing; "
-                    "clipfolder needs root/{train,val}/<class>/<clip>/<frames>"
-                )
-        train = D.ClipFolder(os.path.join(root, "train"), cfg["img_size"], cfg["num_frames"], dc["mean"], dc["std"])
-        val = D.ClipFolder(os.path.join(root, "val"), cfg["img_size"], cfg["num_frames"], dc["mean"], dc["std"])
-        return train, (lambda s, p: Resized(val, s)), len(train.classes)
-
+    if name in ("imagefolder", "clipfolder"):
+        return folder_data(cfg, dc)
     train_tf, eval_tf = image_transforms(cfg, dc)
     if name == "synthetic":
         train = D.SyntheticScenes(cfg["train_samples"], cfg["img_size"], cfg["seed"], "train", transform=train_tf)
@@ -280,32 +279,68 @@ def build_data(cfg: dict, dc: dict) -> tuple[Dataset, callable, int]:
             return D.SyntheticScenes(cfg["val_samples"], cfg["img_size"], cfg["seed"], "val", transform=eval_tf(size))
 
         return train, make, val.num_classes
-    if name == "imagefolder":
-        for split in ("train", "val"):
-            if not os.path.isdir(os.path.join(root, split)) and not (split == "train" and cfg["eval_only"]):
-                raise SystemExit(
-                    f"error: {os.path.join(root, split)!r} is missing; "
-                    "imagefolder needs root/train/<class>/ and root/val/<class>/"
-                )
-        val_root = os.path.join(root, "val")
-        train = None if cfg["eval_only"] else D.CheckedImageFolder(os.path.join(root, "train"), train_tf)
-        classes = len(D.CheckedImageFolder(val_root).classes)
-        return train, (lambda s, p: D.CheckedImageFolder(val_root, eval_tf(s))), classes
     train = None if cfg["eval_only"] else D.torchvision_dataset(name, root, True, train_tf)
     val = D.torchvision_dataset(name, root, False, eval_tf(cfg["img_size"]))
     return train, (lambda s, p: D.torchvision_dataset(name, root, False, eval_tf(s))), len(val.classes)
+
+
+def folder_data(cfg: dict, dc: dict) -> tuple[Dataset | None, callable, int]:
+    """``build_data`` for ``imagefolder`` and ``clipfolder``: every split numbered as the training split (torchvision
+    sorts each folder's classes on its own), the class count from it (from val with --eval-only and no train/), and
+    clips read from their frames at each evaluation size."""
+    name, root = cfg["dataset"], cfg["data_dir"]
+    layout = (
+        "root/train/<class>/ and root/val/<class>/"
+        if name == "imagefolder"
+        else "root/{train,val}/<class>/<clip>/<frames>"
+    )
+    train_root, val_root = os.path.join(root, "train"), os.path.join(root, "val")
+    for split in (train_root, val_root):
+        if not os.path.isdir(split) and not (split == train_root and cfg["eval_only"]):
+            raise SystemExit(f"error: {split!r} is missing; {name} needs {layout}")
+    if name == "imagefolder":
+        train_tf, eval_tf = image_transforms(cfg, dc)
+
+        def make(root: str, size: int, class_to_idx: dict | None = None, train: bool = False) -> Dataset:
+            return D.CheckedImageFolder(root, train_tf if train else eval_tf(size), class_to_idx)
+    else:
+
+        def make(root: str, size: int, class_to_idx: dict | None = None, train: bool = False) -> Dataset:
+            # read at the requested size: resizing clips already shrunk to img_size would upsample them
+            return D.ClipFolder(root, size, cfg["num_frames"], dc["mean"], dc["std"], class_to_idx)
+
+    train = None
+    if not cfg["eval_only"]:
+        train = make(train_root, cfg["img_size"], train=True)
+        class_to_idx = train.class_to_idx
+    elif os.path.isdir(train_root):  # evaluating a model trained on this folder: its numbering
+        class_to_idx = D.class_folders(train_root)
+    else:
+        class_to_idx = make(val_root, cfg["img_size"]).class_to_idx
+    make(val_root, cfg["img_size"], class_to_idx)  # a val class training never saw is an error now, not after training
+    return train, (lambda s, p: make(val_root, s, class_to_idx)), len(class_to_idx)
 
 
 # ----------------------------------------------------------------------------------------------------- model
 def split_spec(spec: str) -> tuple[str, dict]:
     """``name[:key=value,key=value]``: a registered model with its own overrides of ``model_kwargs``."""
     name, _, rest = spec.partition(":")
-    return name, dict(_kv(p) for p in rest.split(",") if p)
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(rest):  # commas inside [...], {...} or (...) belong to a value such as [8,12,12]
+        depth += (ch in "[{(") - (ch in "]})")
+        if ch == "," and depth <= 0:
+            parts.append(rest[start:i])
+            start = i + 1
+    parts.append(rest[start:])
+    return name, dict(_kv(p) for p in parts if p)
 
 
 def checked_spec(spec: str) -> tuple[str, dict]:
-    """``split_spec`` with one clear error for a model timm does not know."""
-    name, own = split_spec(spec)
+    """``split_spec`` with one clear error for a model timm does not know or a kwarg it cannot read."""
+    try:
+        name, own = split_spec(spec)
+    except argparse.ArgumentTypeError as e:
+        raise SystemExit(f"error: model {spec!r} in --models: {e}") from None
     if name not in timm.list_models():
         raise SystemExit(
             f"error: unknown model {name!r}; registered: {timm.list_models('vit_r*') + timm.list_models('vit_ape*')}"
@@ -323,7 +358,8 @@ def data_config(cfg: dict, spec: str) -> dict:
     return resolve_data_config({}, pretrained_cfg=pcfg or dict(mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD))
 
 
-def build_model(cfg: dict, spec: str, num_classes: int):
+def model_args(cfg: dict, spec: str) -> tuple[str, dict]:
+    """The registered name and the kwargs ``timm.create_model`` gets for one ``--models`` entry."""
     name, own = checked_spec(spec)
     kwargs = {**cfg["model_kwargs"], **own}
     kwargs.setdefault("img_size", cfg["img_size"])
@@ -331,6 +367,33 @@ def build_model(cfg: dict, spec: str, num_classes: int):
         kwargs.setdefault("num_frames", cfg["num_frames"])
     if cfg["drop_path"]:
         kwargs.setdefault("drop_path_rate", cfg["drop_path"])
+    return name, kwargs
+
+
+def check_eval_config(cfg: dict) -> None:
+    """Settings that evaluation would reject, checked before any training: unknown RoPE scaling modes and eval
+    sizes a model's patch size does not divide (unless it pads)."""
+    bad = [m for m in cfg["rope_scaling"] if m not in SCALING_MODES]
+    if bad:
+        raise SystemExit(f"error: unknown --rope-scaling mode(s) {bad}; choose from {list(SCALING_MODES)}")
+    for spec in dict.fromkeys(cfg["models"]):
+        name, kwargs = model_args(cfg, spec)
+        # the built model's own patch size (a registered default or a kwarg); no weights are fetched or loaded
+        patch_embed = getattr(timm.create_model(name, num_classes=1, **kwargs), "patch_embed", None)
+        if patch_embed is None or getattr(patch_embed, "dynamic_img_pad", False):
+            continue
+        ph, pw = patch_embed.patch_size[-2:]
+        bad = [s for s in cfg["eval_sizes"] if s % ph or s % pw]
+        if bad:
+            pad = "" if is_video(cfg) else " (or give the model dynamic_img_pad=True to pad)"
+            raise SystemExit(
+                f"error: --eval-sizes {bad} are not multiples of the patch size {ph}x{pw} of {spec}; "
+                f"choose multiples of it{pad}"
+            )
+
+
+def build_model(cfg: dict, spec: str, num_classes: int):
+    name, kwargs = model_args(cfg, spec)
     try:
         model = timm.create_model(name, pretrained=cfg["pretrained"], num_classes=num_classes, **kwargs)
     except RuntimeError as e:
@@ -344,7 +407,17 @@ def build_model(cfg: dict, spec: str, num_classes: int):
         if not os.path.isfile(path):
             raise SystemExit(f"error: --initial-checkpoint {path!r} does not exist")
         filter_fn = inflate_image_checkpoint if is_video(cfg) else checkpoint_filter_fn
-        timm.models.load_checkpoint(model, path, filter_fn=filter_fn)
+        try:  # a train.py checkpoint.pt gives its EMA weights (timm's key model_ema) if it has them, else its model's
+            timm.models.load_checkpoint(model, path, filter_fn=filter_fn)
+        except (pickle.UnpicklingError, RuntimeError) as e:
+            # torch.load(weights_only=True) refuses anything but tensors and plain data (timm re-raises it wrapped)
+            if not isinstance(e, pickle.UnpicklingError) and not isinstance(e.__cause__, pickle.UnpicklingError):
+                raise
+            raise SystemExit(
+                f"error: --initial-checkpoint {path!r} holds more than weights and plain data, so it is not loaded "
+                "(a checkpoint.pt of an older train.py keeps numpy objects): point it at the model.safetensors next "
+                "to it (the same weights, the EMA's if the run used --ema)"
+            ) from None
     return model
 
 
@@ -361,8 +434,12 @@ def write_json(obj, path: str) -> None:
 
 
 def rng_state() -> dict:
+    """This process's RNG states, in tensors and plain tuples only: a checkpoint holding them still loads with
+    ``torch.load(weights_only=True)`` (so timm's loader takes it as --initial-checkpoint)."""
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-    return dict(torch=torch.get_rng_state(), cuda=cuda, python=random.getstate(), numpy=np.random.get_state())
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    numpy = (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss)
+    return dict(torch=torch.get_rng_state(), cuda=cuda, python=random.getstate(), numpy=numpy)
 
 
 def set_rng_state(state: dict) -> None:
@@ -370,7 +447,50 @@ def set_rng_state(state: dict) -> None:
     if state.get("cuda") is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    kind, keys, pos, has_gauss, gauss = state["numpy"]  # keys: a tensor, or the ndarray of older checkpoints
+    np.random.set_state((kind, np.asarray(keys).astype(np.uint32), pos, has_gauss, gauss))
+
+
+def all_rng_states() -> list[dict]:
+    """Every rank's RNG state (a collective: all ranks call it), in rank order."""
+    if not dist.is_initialized():
+        return [rng_state()]
+    states = [None] * dist.get_world_size()
+    dist.all_gather_object(states, rng_state())
+    return states
+
+
+def restore_rng_state(saved: dict | list[dict], rank: int, world: int) -> None:
+    """Each rank continues from its own saved draws; a single dict is a checkpoint from before per-rank states."""
+    states = [saved] if isinstance(saved, dict) else saved
+    if len(states) != world and rank == 0:
+        print(
+            f"note: the checkpoint holds the RNG state of {len(states)} process(es), this run has {world}: every "
+            "rank continues from rank 0's, so random draws (drop path, mixup) differ from an uninterrupted run",
+            flush=True,
+        )
+    set_rng_state(states[rank] if len(states) == world else states[0])
+
+
+def drop_log_rows(path: Path, tag: str, after: int) -> None:
+    """Forget ``tag``'s log rows past epoch ``after``: a kill between appending a row and writing the checkpoint
+    leaves a row for an epoch that the resumed run trains (and logs) again."""
+    if not path.exists():
+        return
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    keep = [r for r in rows if not (r["model"] == tag and int(r["epoch"]) > after)]
+    if not keep:
+        path.unlink()  # append_csv writes the header again
+    elif len(keep) < len(rows):
+        atomic_write(path, write_csv, keep)
+
+
+def write_csv(rows: list[dict], path: str) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
 
 
 def seed_everything(seed: int) -> None:
@@ -465,13 +585,19 @@ def train_model(cfg: dict, name: str, tag: str, out: Path, device, rank: int, wo
         state = torch.load(ckpt_path, map_location="cpu", weights_only=False)  # RNG states must stay on the CPU
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        if ema is not None and state.get("ema") is not None:
-            ema.load_state_dict(state["ema"])
-        set_rng_state(state["rng"])
+        ema_state = state.get("model_ema", state.get("ema"))  # "ema" in checkpoints of older train.py
+        if ema is not None and ema_state is not None:
+            ema.load_state_dict(ema_state)
+        restore_rng_state(state["rng"], rank, world)
         start = state["epoch"] + 1
+        # timm's schedulers compute the LR from the update index alone, so the scheduler is not restored: built
+        # from this config it follows a changed --epochs/--lr, and an unchanged one sets the LR the uninterrupted
+        # run's last step_update set
+        scheduler.step_update(start * steps)
         if rank == 0:
             print(f"[{tag}] resumed after epoch {start} of {cfg['epochs']}", flush=True)
+    if cfg["resume"] and rank == 0:
+        drop_log_rows(out / "log.csv", tag, after=start)
 
     for epoch in range(start, cfg["epochs"]):
         ddp.train()
@@ -511,6 +637,7 @@ def train_model(cfg: dict, name: str, tag: str, out: Path, device, rank: int, wo
         val = evaluate(
             eval_model, make_loader(eval_set(cfg["img_size"], "resize"), cfg, False, 0, rank, world), device, cfg["amp"]
         )
+        rngs = all_rng_states()  # every rank's, so that each resumes its own draws
         if rank == 0:
             row = dict(
                 model=tag,
@@ -532,10 +659,9 @@ def train_model(cfg: dict, name: str, tag: str, out: Path, device, rank: int, wo
             state = dict(
                 model=model.state_dict(),
                 optimizer=optimizer.state_dict(),
-                scheduler=scheduler.state_dict(),
-                ema=ema.state_dict() if ema is not None else None,
+                model_ema=ema.state_dict() if ema is not None else None,  # timm's key: load_checkpoint finds it
                 epoch=epoch,
-                rng=rng_state(),
+                rng=rngs,
             )
             model_dir(out, tag).mkdir(parents=True, exist_ok=True)
             weights = {k: v.detach().cpu().contiguous() for k, v in eval_model.state_dict().items()}
@@ -564,12 +690,14 @@ def append_csv(path: Path, row: dict) -> None:
 
 # ------------------------------------------------------------------------------------------------ evaluation
 def scaling_modes(model, modes: list[str]) -> list[str]:
-    """The RoPE scaling modes that apply to this model ('-' for models without RoPE)."""
+    """The RoPE scaling modes that apply to this model ('-' for models without RoPE): learned mixed frequencies
+    have no ladder for NTK or YaRN to rescale, and YaRN's temperature would scale v and o under VO-RoPE."""
     rope = getattr(model, "rope", None)
     if rope is None:
         return ["-"]
-    mixed = rope.freqs is not None
-    return [m for m in modes if not (mixed and m in ("ntk", "yarn"))]
+    skip = ("ntk", "yarn") if rope.freqs is not None else ()
+    skip += ("yarn",) if getattr(model, "rope_vo", False) else ()
+    return [m for m in modes if m not in skip]
 
 
 def evaluate_sizes(cfg, model, tag, eval_set, device, rank, world) -> list[dict]:
@@ -666,6 +794,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         saved = yaml.safe_load((out / "config.yaml").read_text())
         saved.update({k: cfg[k] for k in given | {"resume", "output"}})
         cfg = saved
+    check_eval_config(cfg)
     device, rank, world = setup_distributed(cfg)
     if device.type == "cpu" and world == 1 and os.environ.get("OMP_NUM_THREADS") is None:
         torch.set_num_threads(os.cpu_count() or 1)

@@ -233,3 +233,184 @@ def test_data_config_comes_from_the_models_pretrained_cfg():
         got = train.data_config(cfg, "vit_rope_tiny")
         assert (got["mean"], got["std"]) == (expected["mean"], expected["std"])
     assert got["mean"] == (0.5, 0.25, 0.125)
+
+
+def make_folder(root: Path, splits: dict, clips: bool = False, size: int = 12) -> None:
+    """``splits``: split → class names; one small image (or a 2-frame clip) per class, its colour from the name."""
+    for split, classes in splits.items():
+        for c in classes:
+            d = root / split / c / ("clip0" if clips else "")
+            d.mkdir(parents=True, exist_ok=True)
+            value = 40 * (ord(c[-1]) - ord("a") + 1)
+            for i in range(2 if clips else 1):
+                Image.new("RGB", (size, size), (value, i * 60, 0)).save(d / f"{i}.png")
+
+
+@pytest.mark.parametrize("dataset", ["imagefolder", "clipfolder"])
+def test_folder_splits_use_the_training_class_indices(tmp_path, dataset):
+    """torchvision sorts each split's folders on its own: val {a, c} would number c as 1 and the model get 2 classes;
+    val must use train's numbering, and a val class train lacks is an error naming it."""
+    clips = dataset == "clipfolder"
+    make_folder(tmp_path / "ok", dict(train="abc", val="ac"), clips=clips)
+    cfg, _ = train.parse_config([*TINY, "--dataset", dataset, "--data-dir", str(tmp_path / "ok"), "--num-frames", "2"])
+    dc = dict(mean=(0.5,) * 3, std=(0.5,) * 3)
+    train_ds, eval_set, num_classes = train.build_data(cfg, dc)
+    assert num_classes == 3 and len(train_ds) == 3
+    val = eval_set(16, "resize")
+    assert sorted(val[i][1] for i in range(len(val))) == [0, 2]
+    # --eval-only takes the numbering from train/ when it is there, else from val/
+    only, _ = train.parse_config([*TINY, "--dataset", dataset, "--data-dir", str(tmp_path / "ok"), "--eval-only"])
+    assert train.build_data(only, dc)[2] == 3
+    make_folder(tmp_path / "valonly", dict(val="ac"), clips=clips)
+    only["data_dir"] = str(tmp_path / "valonly")
+    assert train.build_data(only, dc)[2] == 2
+    make_folder(tmp_path / "extra", dict(train="abc", val="acd"), clips=clips)
+    cfg["data_dir"] = str(tmp_path / "extra")
+    with pytest.raises(ValueError, match=r"class folder\(s\) \['d'\] that the training split does not have"):
+        train.build_data(cfg, dc)
+
+
+def test_clipfolder_eval_reads_frames_at_the_eval_size(tmp_path):
+    """Clips for another eval size come from the frames, not from clips already shrunk to --img-size."""
+    root = tmp_path / "clips"
+    for split in ("train", "val"):
+        d = root / split / "a" / "c0"
+        d.mkdir(parents=True)
+        for i in range(2):
+            pixels = torch.Generator().manual_seed(i)
+            img = (torch.rand(32, 32, 3, generator=pixels) * 255).byte().numpy()
+            Image.fromarray(img).save(d / f"{i}.png")
+    cfg, _ = train.parse_config(["--dataset", "clipfolder", "--data-dir", str(root), "--img-size", "8",
+                                 "--num-frames", "2"])  # fmt: skip
+    dc = dict(mean=(0.5,) * 3, std=(0.5,) * 3)
+    clip = train.build_data(cfg, dc)[1](32, "resize")[0][0]
+    direct = train.D.ClipFolder(str(root / "val"), 32, 2, dc["mean"], dc["std"])[0][0]
+    torch.testing.assert_close(clip, direct, rtol=0, atol=0)
+
+
+ONE = [*TINY, "--models", "vit_rope_tiny", "--rope-scaling", "none", "--eval-sizes", "16"]
+
+
+def test_bad_scaling_mode_or_eval_size_stops_before_training(tmp_path, monkeypatch):
+    def no_training(*_):
+        raise AssertionError("training started")
+
+    monkeypatch.setattr(train, "train_model", no_training)
+    with pytest.raises(SystemExit, match=r"unknown --rope-scaling mode\(s\) \['linear'\]"):
+        train.main([*TINY, "--rope-scaling", "none", "linear", "--output", str(tmp_path)])
+    with pytest.raises(SystemExit, match=r"--eval-sizes \[36\] are not multiples of the patch size 8x8 of vit_ape"):
+        train.main([*TINY, "--eval-sizes", "32", "36", "--output", str(tmp_path)])
+    cfg, _ = train.parse_config([*TINY, "--models", "vit_ape_tiny:dynamic_img_pad=true", "--eval-sizes", "36"])
+    train.check_eval_config(cfg)  # a model that pads takes any size
+
+
+def test_resume_with_more_epochs_follows_the_new_schedule(tmp_path):
+    """Flags given on resume override the saved config, --epochs included: the LR follows the longer schedule."""
+    train.main([*ONE, "--epochs", "2", "--output", str(tmp_path / "short")])
+    (tmp_path / "short" / "vit_rope_tiny" / "results.json").unlink()  # as if killed before its evaluation
+    train.main(["--output", str(tmp_path / "short"), "--resume", "--epochs", "4"])
+    train.main([*ONE, "--epochs", "4", "--output", str(tmp_path / "long")])
+    lrs = [[r["lr"] for r in read_csv(tmp_path / d / "log.csv")] for d in ("short", "long")]
+    assert len(lrs[0]) == 4 and lrs[0][2:] == lrs[1][2:]
+
+
+class Killed(BaseException):
+    """A kill at a chosen point of a run (BaseException: nothing in train.py catches it)."""
+
+
+def interrupt(monkeypatch, at: int, before: bool) -> None:
+    """Stop the run at the ``at``-th checkpoint.pt write, before it is written or just after."""
+    calls = {"n": 0}
+    write = train.atomic_write
+
+    def atomic_write(path, fn, obj):
+        if path.name == "checkpoint.pt":
+            calls["n"] += 1
+            if calls["n"] == at and before:
+                raise Killed
+        write(path, fn, obj)
+        if path.name == "checkpoint.pt" and calls["n"] == at:
+            raise Killed
+
+    monkeypatch.setattr(train, "atomic_write", atomic_write)
+
+
+def same_run(a: Path, b: Path) -> None:
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "seconds"} for r in rows]  # noqa: E731
+    assert strip(read_csv(a / "log.csv")) == strip(read_csv(b / "log.csv"))
+    assert read_csv(a / "results.csv") == read_csv(b / "results.csv")
+
+
+def test_kill_while_writing_the_checkpoint_leaves_no_duplicate_log_row(tmp_path, monkeypatch):
+    args = [*ONE, "--drop-path", "0.1"]
+    train.main([*args, "--output", str(tmp_path / "full")])
+    interrupt(monkeypatch, at=2, before=True)  # epoch 2's log row is written, its checkpoint is not
+    with pytest.raises(Killed):
+        train.main([*args, "--output", str(tmp_path / "killed")])
+    monkeypatch.undo()
+    train.main(["--output", str(tmp_path / "killed"), "--resume"])
+    same_run(tmp_path / "killed", tmp_path / "full")
+
+
+def test_resume_restores_each_ranks_rng_and_reads_old_checkpoints(tmp_path, monkeypatch, capsys):
+    """The checkpoint keeps every rank's RNG state (one here); a single dict (older checkpoints, with numpy's key
+    array) still resumes exactly, and another world size continues from rank 0's with a note."""
+    import shutil
+
+    import numpy as np
+
+    args = [*ONE, "--drop-path", "0.1"]  # drop path draws from the RNG: a wrong state changes the numbers
+    train.main([*args, "--output", str(tmp_path / "full")])
+    interrupt(monkeypatch, at=1, before=False)
+    with pytest.raises(Killed):
+        train.main([*args, "--output", str(tmp_path / "killed")])
+    monkeypatch.undo()
+    ckpt = Path("vit_rope_tiny") / "checkpoint.pt"
+    state = torch.load(tmp_path / "killed" / ckpt, weights_only=True)  # plain data: no pickled numpy objects
+    assert isinstance(state["rng"], list) and len(state["rng"]) == 1
+    old = dict(state["rng"][0])
+    kind, keys, *rest = old["numpy"]
+    old["numpy"] = (kind, keys.numpy().astype(np.uint32), *rest)
+    variants = dict(new=state["rng"], old=old, two=[state["rng"][0], {}])
+    for name, rng in variants.items():
+        shutil.copytree(tmp_path / "killed", tmp_path / name)
+        torch.save(dict(state, rng=rng), tmp_path / name / ckpt)
+        capsys.readouterr()
+        train.main(["--output", str(tmp_path / name), "--resume"])
+        assert ("RNG state of 2 process(es), this run has 1" in capsys.readouterr().out) == (name == "two")
+        same_run(tmp_path / name, tmp_path / "full")
+
+
+def test_initial_checkpoint_takes_a_runs_checkpoint_and_its_ema(tmp_path):
+    """A run's own checkpoint.pt loads as --initial-checkpoint, with its EMA weights (--ema-decay 1: the initial
+    ones, which are what that run evaluated); an old one that only a full unpickle reads gets a clear error."""
+    one = [*ONE, "--epochs", "1"]
+    train.main([*one, "--ema", "--ema-decay", "1.0", "--output", str(tmp_path / "ema")])
+    ckpt = tmp_path / "ema" / "vit_rope_tiny" / "checkpoint.pt"
+    rows = train.main([*one, "--eval-only", "--initial-checkpoint", str(ckpt), "--output", str(tmp_path / "ev")])
+    assert rows == train.json.loads((tmp_path / "ema" / "vit_rope_tiny" / "results.json").read_text())
+    import numpy as np
+
+    torch.save(dict(model={}, rng=np.zeros(3)), tmp_path / "old.pt")
+    with pytest.raises(SystemExit, match="point it at the model.safetensors next to it"):
+        train.main([*one, "--eval-only", "--initial-checkpoint", str(tmp_path / "old.pt"), "--output", str(tmp_path)])
+
+
+def test_model_spec_values_may_hold_commas():
+    assert train.split_spec("vit_rope3d_tiny:rope_axis_dims=[8,12,12],rope_targets=vo") == (
+        "vit_rope3d_tiny",
+        dict(rope_axis_dims=[8, 12, 12], rope_targets="vo"),
+    )
+    with pytest.raises(SystemExit, match=r"model 'vit_rope_tiny:rope_axis_dims=\[8,12' .* cannot read the value"):
+        train.checked_spec("vit_rope_tiny:rope_axis_dims=[8,12")
+
+
+def test_scaling_modes_skip_what_a_model_cannot_take():
+    modes = ["none", "pi", "ntk", "yarn", "normalized"]
+    kw = dict(depth=1, img_size=32, patch_size=8)
+    assert train.scaling_modes(timm.create_model("vit_ape_tiny", **kw), modes) == ["-"]
+    assert train.scaling_modes(timm.create_model("vit_rope_tiny", **kw), modes) == modes
+    mixed = timm.create_model("vit_rope_mixed_tiny", **kw)
+    assert train.scaling_modes(mixed, modes) == ["none", "pi", "normalized"]
+    vo = timm.create_model("vit_rope_tiny", rope_targets="vo", **kw)
+    assert train.scaling_modes(vo, modes) == ["none", "pi", "ntk", "normalized"]

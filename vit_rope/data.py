@@ -11,8 +11,8 @@ Built-in data needs no download and is rendered *natively* at any resolution fro
 
 Video datasets yield float clips ``(C, T, H, W)`` in [0, 1] normalised by mean/std. Your own clips
 (``--dataset clipfolder``): ``root/{train,val}/<class>/<clip>/`` with the frames of a clip as image files whose
-sorted names give their order (e.g. ``ffmpeg -i v.mp4 clip/%05d.jpg``); clips are resized to the model size
-and ``num_frames`` frames are sampled evenly.
+sorted names give their order (e.g. ``ffmpeg -i v.mp4 clip/%05d.jpg``); frames are resized to the model (or
+evaluation) size and ``num_frames`` frames are sampled evenly.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import Tensor
 from torch.utils.data import Dataset
+from torchvision.datasets import ImageFolder
 
 IMAGE_DATASETS = ("synthetic", "cifar10", "cifar100", "mnist", "fashion_mnist", "imagefolder")
 VIDEO_DATASETS = ("synthetic_video", "clipfolder")
@@ -163,21 +164,56 @@ class SyntheticMotion(Dataset):
         return (clip - self.mean) / self.std, label
 
 
+def class_folders(root: str) -> dict[str, int]:
+    """The class → index map of a ``root/<class>/...`` folder: its class folders sorted by name (torchvision's rule)."""
+    from torchvision.datasets.folder import find_classes
+
+    return find_classes(root)[1]
+
+
+def restrict_classes(root: str, present: Sequence[str], class_to_idx: dict[str, int]) -> dict[str, int]:
+    """The training split's indices for the classes found in ``root``; a class training never saw is an error (a
+    split mapped on its own would number its folders differently and silently mislabel them)."""
+    unknown = [c for c in present if c not in class_to_idx]
+    if unknown:
+        raise ValueError(
+            f"{root!r} has class folder(s) {unknown} that the training split does not have (training classes: "
+            f"{sorted(class_to_idx)}); remove them, or add them to the training split and train again"
+        )
+    return {c: class_to_idx[c] for c in present}
+
+
 class ClipFolder(Dataset):
-    """``root/<class>/<clip>/<frames>`` → normalised clips (C, T, H, W); ``T`` frames sampled evenly."""
+    """``root/<class>/<clip>/<frames>`` → normalised clips (C, T, H, W); ``T`` frames sampled evenly.
+
+    ``class_to_idx`` (the training split's) numbers the classes of another split the same way; ``classes`` is then
+    the training split's list, so ``len(classes)`` is the model's class count."""
 
     EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 
-    def __init__(self, root, img_size, num_frames, mean, std):
+    def __init__(
+        self,
+        root: str,
+        img_size: int | Sequence[int],
+        num_frames: int,
+        mean: Sequence[float],
+        std: Sequence[float],
+        class_to_idx: dict[str, int] | None = None,
+    ) -> None:
         if not os.path.isdir(root):
             raise FileNotFoundError(f"clip folder {root!r} does not exist; expected root/<class>/<clip>/<frames>")
-        self.classes = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
+        present = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
+        if class_to_idx is None:
+            class_to_idx = {c: i for i, c in enumerate(present)}
+        mapped = restrict_classes(root, present, class_to_idx)
+        self.class_to_idx = dict(class_to_idx)
+        self.classes = sorted(class_to_idx, key=class_to_idx.__getitem__)
         self.samples = []
-        for i, c in enumerate(self.classes):
+        for c in present:
             clips = sorted(d for d in os.listdir(os.path.join(root, c)) if os.path.isdir(os.path.join(root, c, d)))
             if not clips:
                 raise ValueError(f"class folder {os.path.join(root, c)!r} has no clips; remove it or add clips")
-            self.samples += [(os.path.join(root, c, clip), i) for clip in clips]
+            self.samples += [(os.path.join(root, c, clip), mapped[c]) for clip in clips]
         if not self.samples:
             raise ValueError(f"{root!r} has no class folders with clips")
         self.img_size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
@@ -207,11 +243,30 @@ class ClipFolder(Dataset):
         return (clip - self.mean) / self.std, label
 
 
-class CheckedImageFolder(Dataset):
-    """torchvision's ImageFolder with one clear error for empty class folders and unreadable images."""
+class _NumberedImageFolder(ImageFolder):
+    """ImageFolder whose classes are numbered by a given map (at module level, so that DataLoader workers started
+    by spawning, as on macOS and Windows, can pickle it)."""
 
-    def __init__(self, root: str, transform: Callable | None = None) -> None:
-        from torchvision.datasets import ImageFolder
+    def __init__(self, root: str, transform: Callable | None, class_to_idx: dict[str, int] | None) -> None:
+        self.given = class_to_idx  # read by find_classes, which ImageFolder's constructor calls
+        super().__init__(root, transform=transform)
+
+    def find_classes(self, directory: str) -> tuple[list[str], dict[str, int]]:
+        # torchvision's documented hook: this split's folders, numbered as in the training split
+        present, own = super().find_classes(directory)
+        return present, (own if self.given is None else restrict_classes(directory, present, self.given))
+
+
+class CheckedImageFolder(Dataset):
+    """torchvision's ImageFolder with one clear error for empty class folders and unreadable images.
+
+    ImageFolder numbers each folder's classes on its own; ``class_to_idx`` (the training split's) makes another
+    split use the same indices (a class training never saw is an error), and ``classes`` then is the training
+    split's list, so ``len(classes)`` is the model's class count."""
+
+    def __init__(
+        self, root: str, transform: Callable | None = None, class_to_idx: dict[str, int] | None = None
+    ) -> None:
         from torchvision.datasets.folder import IMG_EXTENSIONS
 
         if not os.path.isdir(root):
@@ -222,8 +277,9 @@ class CheckedImageFolder(Dataset):
                 raise ValueError(
                     f"class folder {d!r} has no images ({', '.join(IMG_EXTENSIONS)}); add some or remove it"
                 )
-        self.inner = ImageFolder(root, transform=transform)
-        self.classes = self.inner.classes
+        self.inner = _NumberedImageFolder(root, transform=transform, class_to_idx=class_to_idx)
+        self.class_to_idx = dict(self.inner.class_to_idx if class_to_idx is None else class_to_idx)
+        self.classes = sorted(self.class_to_idx, key=self.class_to_idx.__getitem__)
 
     def __len__(self) -> int:
         return len(self.inner)
