@@ -137,7 +137,7 @@ def test_video_errors():
         model(torch.randn(1, 3, 2, 40, 32))
     with pytest.raises(ValueError, match="in_chans=4"):
         model(torch.randn(1, 4, 2, 32, 32))
-    with pytest.raises(ValueError, match="head_dim=4 .*does not suit RoPE over 3 axes"):
+    with pytest.raises(ValueError, match="RoPE over 3 axes: dim=4 .*head_dim=4 is embed_dim 12 / 3 heads"):
         timm.create_model("vit_rope3d_tiny", embed_dim=12, num_heads=3, depth=1)
     with pytest.raises(ValueError, match="sincos"):
         tiny_video(pos_embed="sincos")
