@@ -378,8 +378,10 @@ def check_eval_config(cfg: dict) -> None:
         raise SystemExit(f"error: unknown --rope-scaling mode(s) {bad}; choose from {list(SCALING_MODES)}")
     for spec in dict.fromkeys(cfg["models"]):
         name, kwargs = model_args(cfg, spec)
-        # the built model's own patch size (a registered default or a kwarg); no weights are fetched or loaded
-        patch_embed = getattr(timm.create_model(name, num_classes=1, **kwargs), "patch_embed", None)
+        # the built model's own patch size (a registered default or a kwarg), from one block: the patch size does not
+        # depend on depth, and a large model's other blocks would cost seconds and memory; nothing is loaded
+        model = timm.create_model(name, num_classes=1, **{**kwargs, "depth": 1})
+        patch_embed = getattr(model, "patch_embed", None)
         if patch_embed is None or getattr(patch_embed, "dynamic_img_pad", False):
             continue
         ph, pw = patch_embed.patch_size[-2:]

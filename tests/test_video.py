@@ -105,9 +105,12 @@ def test_video_ape_checkpoint_resamples_to_another_clip_grid(grid, tmp_path):
     )
     new_grid = model.patch_embed.grid_size
     torch.testing.assert_close(model.pos_embed, resample_grid_embed(source.pos_embed, new_grid, (2, 4, 4)))
-    # a grid that n cannot tell: another clip length and another frame size at once
+    # grids that n cannot tell: another clip length and frame size at once (fits neither rule), and 32 rows against
+    # (2, 2, 2), which could be 8 time steps of 2x2 frames or 2 of 4x4 (fits both)
     with pytest.raises(ValueError, match="fit neither"):
         tiny_video(num_frames=8, img_size=48, pretrained=True, pretrained_cfg_overlay=dict(file=str(path)), **kw)
+    with pytest.raises(ValueError, match=r"fit \(8, 2, 2\) and \(2, 4, 4\)"):
+        tiny_video(num_frames=4, img_size=16, pretrained=True, pretrained_cfg_overlay=dict(file=str(path)), **kw)
 
 
 def test_video_pretrained_weights_adapt_to_one_channel(tmp_path):

@@ -412,25 +412,54 @@ def test_set_input_size_resamples_ape_and_moves_rope_reference():
 
 def test_set_input_size_keeps_ape_outputs_at_the_new_size():
     """set_input_size resamples the APE as a forward pass at that size does: outputs there do not change."""
-    model = tiny("vit_ape_tiny", img_size=32, patch_size=8).eval()
-    with torch.no_grad():
-        model.pos_embed.normal_()  # a far from smooth embedding, where resampling choices show
-        x = torch.randn(2, 3, 64, 64)
-        before = model(x)
-        model.set_input_size(img_size=64)
-        torch.testing.assert_close(model(x), before, rtol=1e-5, atol=1e-5)
+    for size in (64, 16):  # up and down
+        model = tiny("vit_ape_tiny", img_size=32, patch_size=8).eval()
+        with torch.no_grad():
+            model.pos_embed.normal_()  # a far from smooth embedding, where resampling choices show
+            x = torch.randn(2, 3, size, size)
+            before = model(x)
+            model.set_input_size(img_size=size)
+            torch.testing.assert_close(model(x), before, rtol=0, atol=0)
 
 
 def test_checkpoint_ape_of_a_grid_that_cannot_be_inferred_errors(tmp_path):
     source = tiny("vit_ape_tiny", img_size=(32, 48), patch_size=8)  # 4x6 = 24 positions: no square
     path = save(source, tmp_path / "w.safetensors")
-    with pytest.raises(ValueError, match="24 positions, no square grid.*set_input_size"):
+    with pytest.raises(ValueError, match="24 positions: after 0 prefix rows, neither the model's grid"):
         tiny("vit_ape_tiny", img_size=64, patch_size=8, pretrained=True, pretrained_cfg_overlay=dict(file=path))
     # at the checkpoint's own size it loads, and set_input_size then moves it
     same = tiny(
         "vit_ape_tiny", img_size=(32, 48), patch_size=8, pretrained=True, pretrained_cfg_overlay=dict(file=path)
     )
     torch.testing.assert_close(same.pos_embed, source.pos_embed)
+
+
+@pytest.mark.parametrize("cls", [True, False])
+def test_timm_checkpoint_with_register_rows_in_its_ape_loads(cls, tmp_path):
+    """timm's register ViTs keep APE rows for their prefix tokens (cls and registers); they are dropped."""
+    kw = dict(img_size=32, patch_size=8, depth=1, reg_tokens=4)
+    pool = dict(global_pool="token" if cls else "avg", fc_norm=False)  # a final norm as ours (no fc_norm)
+    theirs = timm.create_model("vit_tiny_patch16_224", class_token=cls, init_values=1e-5, **pool, **kw)
+    assert theirs.pos_embed.shape[1] == 16 + 4 + cls
+    path = save(theirs, tmp_path / "w.safetensors")
+    for size in (32, 64):
+        ours = timm.create_model(
+            "vit_ape_tiny",
+            class_token=cls,
+            global_pool="token" if cls else "avg",
+            pretrained=True,
+            pretrained_cfg_overlay=dict(file=path),
+            **{**kw, "img_size": size},
+        )
+        src = theirs.pos_embed[:, 4 + cls :]
+        expected = src if size == 32 else resample_abs_pos_embed(src, [8, 8], [4, 4], 0, antialias=False)
+        torch.testing.assert_close(ours.pos_embed, expected)
+
+
+def test_checkpoint_of_other_in_chans_than_rgb_errors(tmp_path):
+    path = save(tiny(img_size=32, patch_size=8, in_chans=1), tmp_path / "w.safetensors")
+    with pytest.raises(ValueError, match="takes in_chans=1, the model in_chans=3.*create the model with in_chans=1"):
+        tiny(img_size=32, patch_size=8, pretrained=True, pretrained_cfg_overlay=dict(file=path))
 
 
 @pytest.mark.parametrize("in_chans", [1, 4])

@@ -24,9 +24,10 @@ from torch import Tensor, nn
 from .vit import (
     SIZES,
     VisionTransformer,
+    checkpoint_embed_grid,
     checkpoint_filter_fn,
+    checkpoint_prefix_slots,
     resample_grid_embed,
-    square_embed_grid,
     unwrap_state_dict,
 )
 
@@ -100,18 +101,22 @@ class VideoVisionTransformer(VisionTransformer):
 
 
 def video_embed_grid(n: int, grid: tuple[int, int, int]) -> tuple[int, int, int]:
-    """The (time, rows, cols) grid of a video checkpoint's APE of n rows, for a model of ``grid``: the same frame
-    grid with another number of time steps, or the same time steps over another square frame grid. Anything else
-    cannot be told from n alone and gets one clear error."""
+    """The (time, rows, cols) grid of a video checkpoint's APE of n rows, for a model of ``grid``: the model's frame
+    grid with another number of time steps, or its time steps over another square frame grid, whichever alone fits
+    n. Where neither or both fit, n cannot tell the grid, and that is one clear error rather than a guess."""
     T, H, W = grid
+    fits = []
     if n % (H * W) == 0:
-        return n // (H * W), H, W
+        fits.append((n // (H * W), H, W))
     side = math.isqrt(n // T)
     if n % T == 0 and side * side == n // T:
-        return T, side, side
+        fits.append((T, side, side))
+    if len(set(fits)) == 1:
+        return fits[0]
     raise ValueError(
-        f"the video checkpoint's pos_embed has {n} positions, which fit neither {H}x{W} frames nor {T} time steps of "
-        "square frames; create the model with the checkpoint's num_frames and img_size"
+        f"the video checkpoint's pos_embed has {n} positions, which fit {' and '.join(map(str, fits)) or 'neither'} "
+        f"of the (time, rows, cols) grids tried against the model's {grid}; create the model with the checkpoint's "
+        "num_frames and img_size: it takes clips of other sizes as they come, the APE resampled on the fly"
     )
 
 
@@ -136,7 +141,7 @@ def inflate_image_checkpoint(state_dict: dict[str, Tensor], model: VideoVisionTr
         elif video:  # another clip length or frame size: trilinear, as a forward pass at that size resamples it
             state_dict["pos_embed"] = resample_grid_embed(pe, (T, H, W), video_embed_grid(n, (T, H, W)))
         else:  # an image APE: spatial grid, prefix slots dropped, resampled, repeated over time
-            pe, src = square_embed_grid(pe, "the image checkpoint's pos_embed")
+            pe, src = checkpoint_embed_grid(pe, checkpoint_prefix_slots(state_dict), (H, W), "the image pos_embed")
             pe = resample_grid_embed(pe, (H, W), src)
             state_dict["pos_embed"] = pe.reshape(1, 1, H * W, -1).expand(1, T, H * W, -1).reshape(1, T * H * W, -1)
     freqs = state_dict.get("rope.freqs")

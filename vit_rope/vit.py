@@ -126,18 +126,31 @@ def check_global_pool(global_pool: str, class_token: bool) -> None:
         raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg' without one")
 
 
-def square_embed_grid(pos_embed: Tensor, what: str = "checkpoint pos_embed") -> tuple[Tensor, list[int]]:
-    """A checkpoint's image APE ``(1, n, C)`` without its prefix-token slots, and its grid, inferred from n: a square
-    grid, else a square after one slot (classic ViT: cls) or two (DeiT: cls, distillation). Any other n is a grid
-    that cannot be told from n alone, and gets one clear error rather than a guess."""
+def checkpoint_prefix_slots(state_dict: dict[str, Tensor]) -> tuple[int, ...]:
+    """How many prefix-token rows a checkpoint's APE may start with, from the tokens it holds: none (DeiT-III and
+    ours), or one a cls, distillation and register token (classic timm ViTs, DeiT distilled, register ViTs)."""
+    cls = int("cls_token" in state_dict) + int("dist_token" in state_dict)
+    reg = state_dict["reg_token"].shape[1] if "reg_token" in state_dict else 0
+    return tuple(sorted({0, cls, reg, cls + reg}))
+
+
+def checkpoint_embed_grid(
+    pos_embed: Tensor, prefixes: Sequence[int], grid: Sequence[int], what: str = "checkpoint pos_embed"
+) -> tuple[Tensor, list[int]]:
+    """A checkpoint's image APE ``(1, n, C)`` without its prefix-token rows (one of ``prefixes``), and its grid: the
+    model's ``grid`` where the rows left are that many, else the square they make. Any other n is a grid that cannot
+    be told from n alone, and gets one clear error rather than a guess."""
     n = pos_embed.shape[1]
-    for prefix in (0, 1, 2):
-        side = math.isqrt(n - prefix)
-        if side * side == n - prefix:
-            return pos_embed[:, prefix:], [side, side]
+    for fits in (lambda m: m == math.prod(grid), lambda m: math.isqrt(m) ** 2 == m):
+        for prefix in prefixes:
+            if n > prefix and fits(n - prefix):
+                side = math.isqrt(n - prefix)
+                src = list(grid) if n - prefix == math.prod(grid) else [side, side]
+                return pos_embed[:, prefix:], src
     raise ValueError(
-        f"{what} has {n} positions, no square grid (with 0-2 prefix slots), so its grid cannot be inferred; create "
-        "the model at the checkpoint's img_size, load it, then call model.set_input_size(img_size=...)"
+        f"{what} has {n} positions: after {' or '.join(map(str, prefixes))} prefix rows, neither the model's grid "
+        f"{tuple(grid)} nor a square, so its grid cannot be inferred; create the model at the checkpoint's img_size "
+        "(it takes other sizes as they come, the APE resampled on the fly) or call set_input_size after loading"
     )
 
 
@@ -510,14 +523,19 @@ def checkpoint_filter_fn(state_dict: dict[str, Tensor], model: VisionTransformer
             v = torch.stack((v[1], v[0]), dim=2)  # (x, y) → grid order (row, col)
         elif k == "pos_embed" and k in own and v.shape != own[k].shape:
             grid = list(model.patch_embed.grid_size)
-            v, src = square_embed_grid(v)
-            if v.shape[1] != math.prod(grid):
-                v = resample_grid_embed(v, grid, src)
+            v, src = checkpoint_embed_grid(v, checkpoint_prefix_slots(state_dict), grid)
+            v = resample_grid_embed(v, grid, src)
         elif k == "patch_embed.proj.weight" and k in own and v.shape != own[k].shape:
             if v.ndim == 4 and v.shape[-2:] != own[k].shape[-2:]:
                 v = resample_patch_embed(v, list(own[k].shape[-2:]))
-            if v.shape[1] != own[k].shape[1]:  # another in_chans: timm's adaptation (summed for 1, tiled for more)
-                kernel = v.shape[2:]
+            if v.shape[1] != own[k].shape[1]:
+                if v.shape[1] != 3:
+                    raise ValueError(
+                        f"the checkpoint's patch embedding takes in_chans={v.shape[1]}, the model "
+                        f"in_chans={own[k].shape[1]}; only 3-channel weights are adapted (timm's rule): create the "
+                        f"model with in_chans={v.shape[1]}"
+                    )
+                kernel = v.shape[2:]  # timm's adaptation from RGB: summed for one channel, tiled and rescaled for more
                 v = adapt_input_conv(own[k].shape[1], v.flatten(2, -2)).unflatten(2, kernel[:-1])
         if k not in own:
             continue
