@@ -507,7 +507,7 @@ def checkpoint_filter_fn(state_dict: dict[str, Tensor], model: VisionTransformer
 
     * timm Eva names ``gamma_1/2`` → ``ls1/2.gamma``; Eva's mixed frequencies ``(2=(x, y), depth, heads, P)`` →
       ours ``(depth, heads, axes=(row, col), P)``;
-    * APE resampled bicubically to the model's grid (a prefix-token slot, as in classic ViTs, is dropped);
+    * APE resampled bicubically to the model's grid (rows of prefix tokens, as classic and register ViTs keep, dropped);
     * patch embedding resampled to another patch size, and adapted to another ``in_chans`` (timm's rule);
     * a classifier of another size, or parameters the model lacks, are left to the model's own initialisation.
     """
