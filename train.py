@@ -733,10 +733,7 @@ def evaluate_sizes(cfg, model, tag, eval_set, device, rank, world) -> list[dict]
 
 
 def write_results(rows: list[dict], out: Path, cfg: dict) -> None:
-    with open(out / "results.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    write_csv(rows, str(out / "results.csv"))
     sizes = sorted({r["eval_size"] for r in rows})
     lines = []
     for protocol in dict.fromkeys(r["protocol"] for r in rows):
