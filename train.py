@@ -42,9 +42,8 @@ from tqdm import tqdm
 
 import vit_rope  # noqa: F401  (registers the models)
 from vit_rope import data as D
+from vit_rope.checkpoint import checkpoint_filter_fn, inflate_image_checkpoint
 from vit_rope.rope import SCALING_MODES
-from vit_rope.video import inflate_image_checkpoint
-from vit_rope.vit import checkpoint_filter_fn
 
 HERE = Path(__file__).resolve().parent
 
@@ -694,12 +693,8 @@ def append_csv(path: Path, row: dict) -> None:
 def scaling_modes(model, modes: list[str]) -> list[str]:
     """The RoPE scaling modes that apply to this model ('-' for models without RoPE): learned mixed frequencies
     have no ladder for NTK or YaRN to rescale, and YaRN's temperature would scale v and o under VO-RoPE."""
-    rope = getattr(model, "rope", None)
-    if rope is None:
-        return ["-"]
-    skip = ("ntk", "yarn") if rope.freqs is not None else ()
-    skip += ("yarn",) if getattr(model, "rope_vo", False) else ()
-    return [m for m in modes if m not in skip]
+    supported = model.rope_scaling_modes() if hasattr(model, "rope_scaling_modes") else ()
+    return [m for m in modes if m in supported] if supported else ["-"]
 
 
 def evaluate_sizes(cfg, model, tag, eval_set, device, rank, world) -> list[dict]:
@@ -712,7 +707,7 @@ def evaluate_sizes(cfg, model, tag, eval_set, device, rank, world) -> list[dict]
     jobs = [(p, s, m) for p in protocols for s in cfg["eval_sizes"] for m in modes]
     for protocol, size, mode in tqdm(jobs, desc=f"{tag} eval", disable=None if rank == 0 else True, leave=False):
         if mode != "-":
-            model.rope.set_scaling(mode)
+            model.set_rope_scaling(mode)
         r = evaluate(model, make_loader(eval_set(size, protocol), cfg, False, 0, rank, world), device, cfg["amp"])
         rows.append(
             dict(
@@ -728,7 +723,7 @@ def evaluate_sizes(cfg, model, tag, eval_set, device, rank, world) -> list[dict]
             )
         )
     if modes != ["-"]:
-        model.rope.set_scaling("none")
+        model.set_rope_scaling("none")
     return rows
 
 

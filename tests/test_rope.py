@@ -8,8 +8,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vit_rope import RotaryEmbedding, apply_rotary
-from vit_rope.rope import RotaryTable, rotate_packed, rotate_split
+import vit_rope
+from vit_rope import RotaryEmbedding, RotaryTable, apply_rotary
+from vit_rope.coords import grid_coordinates
+from vit_rope.tables import rotate_pairs
 
 F64 = torch.float64
 
@@ -62,7 +64,7 @@ CASES = [
 @pytest.mark.parametrize("dim,axes,grid,axis_dims,expected_dims", CASES)
 def test_matches_explicit_rotation_matrices(dim, axes, grid, axis_dims, expected_dims, theta, layout):
     rope = RotaryEmbedding(dim, axes=axes, theta=theta, layout=layout, axis_dims=axis_dims)
-    assert rope.axis_dims == expected_dims
+    assert rope.family.axis_dims == expected_dims
     x = torch.randn(2, 3, math.prod(grid), dim, dtype=F64)
     expected = reference_rotate(x, grid_coords(grid), dim, theta, expected_dims, layout)
     torch.testing.assert_close(rope(x, grid=grid), expected, rtol=0, atol=1e-12)
@@ -70,14 +72,12 @@ def test_matches_explicit_rotation_matrices(dim, axes, grid, axis_dims, expected
 
 @pytest.mark.parametrize("layout", ["interleaved", "half"])
 def test_real_path_matches_matrices(layout):
-    """The export-safe real-arithmetic path (used under compile/export and for bf16) is exact too."""
-    from vit_rope.rope import _rotate_real
-
+    """The reference apply (real arithmetic: it traces, exports and compiles) takes cos/sin tables directly."""
     rope = RotaryEmbedding(16, axes=2, layout=layout)
     x = torch.randn(3, 12, 16, dtype=F64)
     t = rope.table((3, 4), dtype=F64)
     expected = reference_rotate(x, grid_coords((3, 4)), 16, 100.0, (8, 8), layout)
-    torch.testing.assert_close(_rotate_real(x, t.cos, t.sin, layout), expected, rtol=0, atol=1e-12)
+    torch.testing.assert_close(rotate_pairs(x, t.cos, t.sin, layout), expected, rtol=0, atol=1e-12)
 
 
 def test_worked_example_1d():
@@ -109,7 +109,7 @@ def test_layout_permutation():
 
 def test_prefix_tokens_and_tail_channels_stay_unrotated():
     rope = RotaryEmbedding(16, axes=2, num_prefix_tokens=2, rotate_fraction=0.5)
-    assert rope.axis_dims == (4, 4) and rope.rotary_dim == 8
+    assert rope.family.axis_dims == (4, 4)
     x = torch.randn(2, 2 + 12, 16)
     y = rope(x, grid=(3, 4))
     torch.testing.assert_close(y[:, :2], x[:, :2], rtol=0, atol=0)  # cls/registers
@@ -117,211 +117,6 @@ def test_prefix_tokens_and_tail_channels_stay_unrotated():
     plain = RotaryEmbedding(16, axes=2, rotate_fraction=0.5)(x[:, 2:], grid=(3, 4))
     torch.testing.assert_close(y[:, 2:], plain, rtol=0, atol=1e-6)
     assert not torch.allclose(y[:, 3, :8], x[:, 3, :8])
-
-
-PACKED_TURNS = [(True, True, False), (False, True, True), (True, False, True), (False, False, True)]
-
-
-@pytest.mark.parametrize("turn", PACKED_TURNS)
-@pytest.mark.parametrize("layout", ["interleaved", "half"])
-def test_rotate_packed_matches_matrices_and_turns_in_place(turn, layout):
-    """A qkv Linear's output (B, N, 3·heads·dim): each flagged slot equals the explicit rotation, the others and the
-    cls token are untouched; the eager interleaved path writes into the projection itself (no copy)."""
-    heads, dim, grid = 2, 16, (3, 4)
-    rope = RotaryEmbedding(dim, axes=2, num_prefix_tokens=1, layout=layout)
-    x = torch.randn(2, 1 + 12, 3 * heads * dim, dtype=F64)
-    packed = x.clone()
-    y = rotate_packed(packed, rope.table(grid, dtype=F64), heads, turn)
-    contiguous_run = "".join("x" if f else "." for f in turn).strip(".") == "x" * sum(turn)
-    assert (y.data_ptr() == packed.data_ptr()) == (layout == "interleaved" and contiguous_run)
-    slots_in, slots_out = (t.unflatten(-1, (3, heads, dim)).permute(0, 2, 3, 1, 4) for t in (x, y))  # B 3 heads N dim
-    for s, flag in enumerate(turn):
-        want = slots_in[:, s]
-        if flag:
-            want = want.clone()
-            want[..., 1:, :] = reference_rotate(want[..., 1:, :], grid_coords(grid), dim, 100.0, (8, 8), layout)
-        torch.testing.assert_close(slots_out[:, s], want, rtol=0, atol=1e-12)
-
-
-@pytest.mark.parametrize("turn", PACKED_TURNS)
-@pytest.mark.parametrize("freqs", ["axial", "mixed"])
-def test_rotate_packed_gradients_equal_rotating_each_slot(turn, freqs):
-    """Gradients to the projection and to learned frequencies equal those of turning q, k, v one by one."""
-    heads, dim = 2, 16  # not 3, so a slot/head mix-up cannot pass
-    rope = RotaryEmbedding(dim, axes=2, num_prefix_tokens=1, freqs=freqs, num_heads=heads).double()
-    x = torch.randn(2, 1 + 12, 3 * heads * dim, dtype=F64, requires_grad=True)
-    w = torch.randn(2, 1 + 12, 3 * heads * dim, dtype=F64)
-
-    def grads(rotate):
-        rope.zero_grad()
-        loss = (rotate(x * 1, rope.table((3, 4), dtype=F64)) * w).sum()
-        return torch.autograd.grad(loss, [x, *rope.parameters()])
-
-    def one_by_one(p, t):
-        slots = p.unflatten(-1, (3, heads, dim)).permute(2, 0, 3, 1, 4)  # (3, B, heads, N, dim)
-        out = torch.stack([apply_rotary(q, t) if f else q for q, f in zip(slots, turn, strict=True)])
-        return out.permute(1, 3, 0, 2, 4).flatten(2)
-
-    for got, want in zip(grads(lambda p, t: rotate_packed(p, t, heads, turn)), grads(one_by_one), strict=True):
-        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
-
-
-@pytest.mark.parametrize("turn", PACKED_TURNS)
-@pytest.mark.parametrize("freqs", ["axial", "mixed"])
-@pytest.mark.parametrize("use", ["q k v", "q k", "q k v and the projection"])
-def test_rotate_split_gradients_equal_rotating_each_slot(turn, freqs, use):
-    """rotate_split's q, k, v are views of the projection turned in place; their gradients (of any strides, some
-    unused, or beside a use of the projection itself) reach the projection and learned frequencies as they would
-    through turning q, k, v one by one."""
-    heads, dim = 2, 16
-    rope = RotaryEmbedding(dim, axes=2, num_prefix_tokens=1, freqs=freqs, num_heads=heads).double()
-    x = torch.randn(2, 1 + 12, 3 * heads * dim, dtype=F64, requires_grad=True)
-    w = [torch.randn(2, heads, 13, dim, dtype=F64), torch.randn(2, 13, heads, dim, dtype=F64).transpose(1, 2)]
-    w.append(torch.randn(2, heads, dim, 13, dtype=F64).transpose(2, 3))  # channels not contiguous
-    w_packed = torch.randn(2, 13, 3 * heads * dim, dtype=F64)
-
-    def grads(split):
-        rope.zero_grad()
-        slots, turned = split(x * 1, rope.table((3, 4), dtype=F64))
-        loss = sum((s * ws).sum() for s, ws in zip(slots, w, strict=True) if use != "q k" or ws is not w[2])
-        if use == "q k v and the projection":
-            loss = loss + (turned * w_packed).sum()
-        # learned frequencies go unused where only v turns and v is not used
-        return torch.stack(slots).detach(), torch.autograd.grad(loss, [x, *rope.parameters()], allow_unused=True)
-
-    def one_by_one(p, t):
-        slots = p.unflatten(-1, (3, heads, dim)).permute(2, 0, 3, 1, 4)  # (3, B, heads, N, dim)
-        turned = [apply_rotary(q, t) if f else q for q, f in zip(slots, turn, strict=True)]
-        return turned, torch.stack(turned).permute(1, 3, 0, 2, 4).flatten(2)
-
-    def in_place(p, t):
-        q, k, v = rotate_split(p, t, heads, turn)
-        if turn != (True, False, True):  # one run of turned slots: in place (else a turned copy)
-            assert all(s.untyped_storage().data_ptr() == p.untyped_storage().data_ptr() for s in (q, k, v))
-            return (q, k, v), p  # the projection now holds the turned slots, and their history
-        return (q, k, v), torch.stack((q, k, v)).permute(1, 3, 0, 2, 4).flatten(2)
-
-    (slots, got), (want_slots, want) = grads(in_place), grads(one_by_one)
-    torch.testing.assert_close(slots, want_slots, rtol=0, atol=1e-12)
-    for g, h in zip(got, want, strict=True):
-        assert (g is None) == (h is None)
-        if g is not None:
-            torch.testing.assert_close(g, h, rtol=1e-10, atol=1e-10)
-
-
-def test_rotate_split_of_a_view_and_undefined_gradients():
-    """A projection that is a view (a slice of a wider Linear's output) splits through autograd's views with the same
-    gradients; gradients that arrive undefined (a Function that returns None) give zeros, not stale memory; a
-    projection whose rows share memory is refused, not turned twice."""
-    heads, dim, turn = 2, 16, (True, True, False)
-    table = RotaryEmbedding(dim, axes=2, num_prefix_tokens=1).table((3, 4), dtype=F64)
-    x = torch.randn(2, 13, 4 * heads * dim, dtype=F64, requires_grad=True)
-    w = torch.randn(3, 2, heads, 13, dim, dtype=F64)
-    wide = x * 1
-    q, k, v = rotate_split(wide[..., : 3 * heads * dim], table, heads, turn)
-    (g,) = torch.autograd.grad((torch.stack((q, k, v)) * w).sum(), [x])
-    slots = (x * 1)[..., : 3 * heads * dim].unflatten(-1, (3, heads, dim)).permute(2, 0, 3, 1, 4)
-    want = torch.stack([apply_rotary(s, table) if f else s for s, f in zip(slots, turn, strict=True)])
-    (g_want,) = torch.autograd.grad((want * w).sum(), [x])
-    torch.testing.assert_close(torch.stack((q, k, v)), want, rtol=0, atol=1e-12)
-    torch.testing.assert_close(g, g_want, rtol=1e-12, atol=1e-12)
-    assert not g[..., 3 * heads * dim :].any()
-
-    class NoGradient(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, t):
-            return t * 2
-
-        @staticmethod
-        def backward(ctx, grad):
-            return None
-
-    for rotate in (rotate_packed, lambda p, *a: rotate_split(p, *a)[0]):
-        y = NoGradient.apply(rotate(x[..., : 3 * heads * dim] * 1, table, heads, turn))
-        (g,) = torch.autograd.grad(y.sum() + 0 * x.sum(), [x])
-        assert not g.any()
-    with pytest.raises(RuntimeError, match="single memory location"):
-        rotate_packed(torch.randn(1, 13, 3 * heads * dim, dtype=F64).expand(2, -1, -1), table, heads, turn)
-
-
-@pytest.mark.parametrize("case", ["gradients at an odd offset", "odd stride of a size-1 dim", "bfloat16"])
-def test_rotate_split_layouts_without_a_complex_view(case):
-    """Where no complex view of the channel pairs exists (a gradient starting at an odd element, a projection whose
-    size-1 batch dim has an odd stride) or complex numbers do not (bfloat16), rotate_split still gives the turned
-    slots and the projection's gradient of turning q, k, v one by one in float64 (bfloat16: rounded once)."""
-    heads, dim, turn, B, N = 2, 16, (True, True, False), 1, 13
-    dtype = torch.bfloat16 if case == "bfloat16" else F64
-    table = RotaryEmbedding(dim, axes=2, num_prefix_tokens=1).table((3, 4), dtype=F64 if dtype == F64 else None)
-    x = torch.randn(B, N, 3 * heads * dim, dtype=F64).to(dtype).requires_grad_()
-    w = torch.randn(3, B, heads, N, dim, dtype=F64).to(dtype).double()  # the gradients q, k, v get, exactly
-
-    def loss(q, k, v):
-        if case == "gradients at an odd offset":  # the backward of cat hands each slot a slice starting at element 1
-            flat = torch.cat([x.new_zeros(1), q.reshape(-1), k.reshape(-1), v.reshape(-1)])
-            q, k, v = flat[1:].view(3, B, heads, N, dim)
-        return sum((s.double() * ws).sum() for s, ws in zip((q, k, v), w, strict=True))
-
-    p = x * 1
-    if case == "odd stride of a size-1 dim":
-        p = torch.empty_strided(p.shape, (7, p.shape[-1], 1), dtype=dtype).copy_(p)
-    q, k, v = rotate_split(p, table, heads, turn)
-    (g,) = torch.autograd.grad(loss(q, k, v), [x])
-    x64 = x.detach().double().requires_grad_()
-    table64 = RotaryEmbedding(dim, axes=2, num_prefix_tokens=1).table((3, 4), dtype=F64)
-    slots = (x64 * 1).unflatten(-1, (3, heads, dim)).permute(2, 0, 3, 1, 4)
-    want = [apply_rotary(s, table64) if f else s for s, f in zip(slots, turn, strict=True)]
-    (g_want,) = torch.autograd.grad(loss(*want), [x64])
-    tol = dict(rtol=1e-12, atol=1e-12) if dtype == F64 else dict(rtol=torch.finfo(dtype).eps, atol=1e-6)
-    torch.testing.assert_close(torch.stack((q, k, v)).double(), torch.stack(want), **tol)
-    torch.testing.assert_close(g.double(), g_want.to(dtype).double(), **tol)
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_rotate_packed_half_precision_rounds_once(dtype):
-    """bf16/fp16 projections (autocast) also turn in place, through float32: values and gradients are the float64
-    results rounded once."""
-    heads, dim, turn = 2, 16, (True, True, False)
-    rope = RotaryEmbedding(dim, axes=2, num_prefix_tokens=1)
-    x = torch.randn(2, 13, 3 * heads * dim).to(dtype).requires_grad_()
-    w = torch.randn(2, 13, 3 * heads * dim).to(dtype)
-    packed = x * 1
-    y = rotate_packed(packed, rope.table((3, 4)), heads, turn)
-    assert y.dtype == dtype and y.data_ptr() == packed.data_ptr()
-    (y * w).sum().backward()
-    x64 = x.detach().double().requires_grad_()
-    y64 = rotate_packed(x64 * 1, rope.table((3, 4), dtype=F64), heads, turn)
-    (y64 * w.double()).sum().backward()
-    one_rounding = dict(rtol=torch.finfo(dtype).eps, atol=1e-6)
-    torch.testing.assert_close(y.double(), y64, **one_rounding)
-    torch.testing.assert_close(x.grad.double(), x64.grad, **one_rounding)
-
-
-def test_rotate_packed_bad_input():
-    table = RotaryEmbedding(16, axes=2).table((3, 4))
-    with pytest.raises(ValueError, match="not 3 slots x 2 heads x 16 dims"):
-        rotate_packed(torch.randn(1, 12, 3 * 3 * 16), table, 2, (True, True, False))
-    with pytest.raises(ValueError, match="13 tokens but the rotary table has 12"):
-        rotate_packed(torch.randn(1, 13, 3 * 2 * 16), table, 2, (True, True, False))
-    with pytest.raises(ValueError, match="expected a fused projection"):
-        rotate_packed(torch.randn(12, 3 * 2 * 16), table, 2, (True, True, False))
-    mixed = RotaryEmbedding(16, axes=2, freqs="mixed", num_heads=4).table((3, 4))
-    with pytest.raises(ValueError, match="has 4 heads but the projection 2"):
-        rotate_packed(torch.randn(1, 12, 3 * 2 * 16), mixed, 2, (True, True, False))
-    batched = RotaryEmbedding(16, axes=2).table(positions=torch.rand(4, 12, 2))
-    with pytest.raises(ValueError, match="cannot turn a fused projection"):
-        rotate_packed(torch.randn(4, 12, 3 * 2 * 16), batched, 2, (True, True, False))
-
-
-def test_turn_flags_may_be_a_list():
-    """``turn`` as a list (not the tuple the signature names) gives the same rotation on every path."""
-    heads, dim = 2, 16
-    table = RotaryEmbedding(dim, axes=2).table((3, 4), dtype=F64)
-    x = torch.randn(2, 12, 3 * heads * dim, dtype=F64)
-    for turn in ([True, True, False], [True, False, True]):  # one run (in place), and not (a turned copy)
-        want = rotate_packed(x.clone(), table, heads, tuple(turn))
-        torch.testing.assert_close(rotate_packed(x.clone(), table, heads, turn), want, rtol=0, atol=0)
-        got = torch.stack(rotate_split(x.clone(), table, heads, turn))
-        torch.testing.assert_close(got, want.unflatten(-1, (3, heads, dim)).permute(2, 0, 3, 1, 4), rtol=0, atol=0)
 
 
 def test_explicit_positions_equal_grid_and_batched_positions():
@@ -416,7 +211,9 @@ def test_mixed_equals_timm_rotary_embedding_mixed(grid):
     ours = RotaryEmbedding(head_dim, axes=2, freqs="mixed", num_heads=heads, depth=depth)
     fx, fy = timm_rope.freqs.detach()  # (depth, heads, head_dim // 2) each: x (column) and y (row) frequencies
     with torch.no_grad():
-        ours.freqs.copy_(torch.stack([fy, fx], dim=-2))  # ours: (depth, heads, axes in grid order (row, col), P)
+        ours.family.frequencies.copy_(
+            torch.stack([fy, fx], dim=-2)
+        )  # ours: (depth, heads, axes in grid order (row, col), P)
     x = torch.randn(2, heads, math.prod(grid), head_dim)
     emb = timm_rope.get_embed(list(grid))
     for layer in range(depth):
@@ -438,8 +235,8 @@ def test_normalized_half_equals_timm_dinov3():
 def test_mixed_init_follows_paper():
     """Magnitudes 1/theta**(4j/dim) (theta 10); group 2's direction is group 1's turned by π/2."""
     rope = RotaryEmbedding(32, axes=2, freqs="mixed", num_heads=5, depth=2)
-    assert rope.theta == 10.0
-    F = rope.freqs.detach().double()  # (depth, heads, axes=(row, col), 16)
+    assert rope.family.theta == 10.0
+    F = rope.family.frequencies.detach().double()  # (depth, heads, axes=(row, col), 16)
     fy, fx = F[:, :, 0], F[:, :, 1]
     mag = 1 / 10.0 ** (torch.arange(0, 32, 4, dtype=F64) / 32)
     torch.testing.assert_close(torch.hypot(fx, fy), mag.repeat(2).expand_as(fx), rtol=1e-6, atol=0)
@@ -453,7 +250,7 @@ def test_mixed_init_follows_paper():
 def test_normalized_coordinates_are_resolution_independent():
     """Patch centres (i + 0.5)/n mapped to [-1, 1], times 2π (DINOv3); the corners stay put across grids."""
     rope = RotaryEmbedding(8, axes=2, coords="normalized")
-    c = rope.grid_coords((4, 8))
+    c = grid_coordinates((4, 8), normalized=True)
     torch.testing.assert_close(c[0], torch.tensor([-0.75, -0.875], dtype=F64))
     torch.testing.assert_close(c[-1], torch.tensor([0.75, 0.875], dtype=F64))
     angle = torch.atan2(rope.table((4, 8), dtype=F64).sin, rope.table((4, 8), dtype=F64).cos)
@@ -473,12 +270,12 @@ def test_position_interpolation_squeezes_onto_training_grid():
 def test_ntk_scaling_formula():
     s, d = 4.0, 16
     rope = RotaryEmbedding(2 * d, axes=2, scaling="ntk", scale=s)
-    F = rope.frequency_matrix((s, s))
+    F = rope.family.frequency_matrix(rope.extrapolation())
     base = 100.0 * s ** (d / (d - 2))
     expected = torch.tensor([base ** (-2 * j / d) for j in range(d // 2)], dtype=F64)
     torch.testing.assert_close(F[1, : d // 2], expected)  # x section
     # highest frequency kept, lowest interpolated exactly by s
-    plain = RotaryEmbedding(2 * d, axes=2).frequency_matrix()
+    plain = RotaryEmbedding(2 * d, axes=2).family.frequency_matrix()
     assert F[1, 0] == plain[1, 0] and F[1, d // 2 - 1] == pytest.approx(plain[1, d // 2 - 1].item() / s, rel=1e-12)
 
 
@@ -486,8 +283,8 @@ def test_yarn_ramp_and_temperature():
     s, ref = 2.0, (16, 16)
     rope = RotaryEmbedding(64, axes=2, theta=10000.0, scaling="yarn", ref_grid=ref, yarn_beta=(2.0, 0.5))
     F, plain = (
-        rope.frequency_matrix((s, s))[1, :16],
-        RotaryEmbedding(64, axes=2, theta=10000.0).frequency_matrix()[1, :16],
+        rope.family.frequency_matrix(rope.extrapolation((32, 32)))[1, :16],
+        RotaryEmbedding(64, axes=2, theta=10000.0).family.frequency_matrix()[1, :16],
     )
     turns = 16 * plain / (2 * math.pi)
     assert torch.equal(F[turns >= 2.0], plain[turns >= 2.0])  # fast frequencies kept
@@ -511,14 +308,14 @@ def test_normalized_scaling_maps_any_grid_onto_the_training_extent():
     pos = torch.cartesian_prod(rows, cols)
     torch.testing.assert_close(rope.table((4, 16), dtype=F64).sin, plain.table(positions=pos, dtype=F64).sin)
     torch.testing.assert_close(rope.table((8, 8), dtype=F64).sin, plain.table((8, 8), dtype=F64).sin)  # identity
-    with pytest.raises(ValueError, match="learned mixed frequencies have none"):
+    with pytest.raises(ValueError, match="a learned family has none of"):
         RotaryEmbedding(16, axes=2, freqs="mixed", num_heads=2, scaling="ntk", scale=2.0)
 
 
 def test_per_axis_scale_is_decoupled():
     rope = RotaryEmbedding(16, axes=2, scaling="pi", ref_grid=(4, 4))
-    assert rope._scales((8, 4)) == (2.0, 1.0)
-    assert rope._scales((2, 12)) == (1.0, 3.0)
+    assert rope.extrapolation((8, 4)).scales == (2.0, 1.0)
+    assert rope.extrapolation((2, 12)).scales == (1.0, 3.0)
 
 
 def test_coordinate_augmentation_is_training_only_and_keeps_relative_scores():
@@ -565,7 +362,7 @@ def test_gradients_reach_input_and_learned_frequencies():
     x = torch.randn(3, 2, 12, 16, requires_grad=True)
     rope(x, grid=(3, 4)).square().mul(torch.randn(3, 2, 12, 16)).sum().backward()
     assert x.grad is not None and x.grad.abs().sum() > 0
-    assert rope.freqs.grad is not None and rope.freqs.grad.abs().sum() > 0
+    assert rope.family.frequencies.grad is not None and rope.family.frequencies.grad.abs().sum() > 0
 
 
 @pytest.mark.slow
@@ -611,7 +408,12 @@ def test_export_graph_has_no_complex_ops_or_tensor_split():
         (dict(dim=16, axes=2, layout="rotated"), "layout"),
         (dict(dim=16, axes=2, scaling="yarn", scale=2.0), "ref_grid"),
         (dict(dim=16, axes=2, scaling="ntk"), "scale factor or ref_grid"),
-        (dict(dim=16, axes=2, scaling="linear"), "choose one of"),
+        (dict(dim=16, axes=2, scaling="linear"), "not a mode of family 'axial'"),
+        (dict(dim=16, axes=2, freqs="mixed", num_heads=2, scaling="yarn", ref_grid=(2, 2)), "learned family"),
+        (dict(dim=16, axes=2, freqs="spline"), "choose one of"),
+        (dict(dim=16, axes=2, freqs="lookhere", num_heads=2), "attention bias, not a rotation"),
+        (dict(dim=16, axes=2, block_size=4), "family 'axial' takes no option block_size"),
+        (dict(dim=16, axes=2, theta=0.0), "theta=0.0 must be positive"),
         (dict(dim=16, axes=2, jitter=0.5), "at least 1"),
     ],
 )
@@ -640,6 +442,8 @@ def test_bad_calls():
         mixed(torch.randn(2, 2, 12, 16), grid=(3, 4))
     with pytest.raises(ValueError, match="heads=2"):
         mixed(torch.randn(2, 5, 12, 16), grid=(3, 4), layer=0)
+    with pytest.raises(ValueError, match="attention adds it"):
+        apply_rotary(x, vit_rope.PositionEncoding(16, 2, "lookhere", num_heads=2).table((3, 4)))
 
 
 def test_table_type_is_public():
@@ -684,25 +488,12 @@ def test_inference_mode_tables_are_cached_apart():
 def test_odd_storage_offset_input():
     rope = RotaryEmbedding(16, axes=1)
     base = torch.randn(3, 18)
-    x = base[:, 1:17]  # odd offset: no complex view possible, the real path takes it
+    x = base[:, 1:17]  # a view at an odd offset
     torch.testing.assert_close(rope(x, grid=(3,)), rope(x.contiguous(), grid=(3,)), rtol=1e-6, atol=1e-6)
 
 
-# ------------------------------------------------------------------------------------- less-travelled paths
-def test_rotate_packed_gradient_at_odd_offset():
-    """A gradient that starts at an odd element (a slice of a concatenation's) goes back through the in-place path."""
-    table = RotaryEmbedding(8, axes=2).table((2, 3))
-    x = torch.randn(2, 6, 48, requires_grad=True)
-    out = rotate_packed(x * 1, table, 2, (True, True, False))
-    torch.cat([torch.zeros(1), out.flatten()]).square().sum().backward()
-    reference = x.detach().clone().requires_grad_()
-    rotate_packed(reference * 1, table, 2, (True, True, False)).square().sum().backward()
-    torch.testing.assert_close(x.grad, reference.grad)
-    torch.testing.assert_close(x.grad, 2 * x.detach(), rtol=1e-5, atol=1e-5)  # |R z|² = |z|²
-
-
 def test_apply_rotary_gradcheck():
-    """float64 gradcheck, whose undefined-gradient pass hands the fast path's hook None."""
+    """float64 gradcheck of the reference apply, both ways."""
     table = RotaryEmbedding(8, axes=2).table((2, 3), dtype=F64)
     x = torch.randn(2, 6, 8, dtype=F64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda x: apply_rotary(x, table), (x,))
@@ -720,28 +511,6 @@ def test_inverse_rotation_of_an_intermediate_compiles_fullgraph():
     torch.testing.assert_close(torch.compile(f, fullgraph=True, backend="eager")(x), f(x), rtol=1e-6, atol=1e-6)
 
 
-def test_yarn_table_gradient_matches_real_arithmetic():
-    """YaRN's tables are scaled rotations (|cis| = temperature): gradients to positions through the in-place path
-    equal those through the real-arithmetic one."""
-    from vit_rope.rope import _rotate_real
-
-    rope = RotaryEmbedding(8, axes=2, scaling="yarn", scale=4.0, ref_grid=(2, 2), theta=1e4)
-    packed = torch.randn(2, 6, 48, dtype=F64)
-    g = torch.randn(2, 2, 6, 8, dtype=F64)
-    grads = []
-    for fast in (True, False):
-        pos = rope.grid_coords((2, 3)).to(F64).requires_grad_()
-        t = rope.table(positions=pos, dtype=F64)
-        if fast:
-            q = rotate_split(packed.clone().requires_grad_() * 1, t, 2, (True, True, False))[0]
-        else:
-            q = _rotate_real(packed.unflatten(-1, (3, 2, 8))[:, :, 0].transpose(1, 2), t.cos, t.sin, "interleaved")
-        (q * g).sum().backward()
-        grads.append(pos.grad)
-    assert grads[0].abs().sum() > 0
-    torch.testing.assert_close(grads[0], grads[1], rtol=1e-10, atol=1e-12)
-
-
 def test_yarn_temperature_covers_prefix_rows_and_refuses_turning_back():
     s = 2.0
     rope = RotaryEmbedding(16, axes=2, scaling="yarn", ref_grid=(2, 2), num_prefix_tokens=1)
@@ -755,3 +524,33 @@ def test_yarn_temperature_covers_prefix_rows_and_refuses_turning_back():
         rope(x, (4, 4), inverse=True)
     x = torch.randn(5, 16)  # at the training grid YaRN changes nothing, so turning back is fine
     torch.testing.assert_close(rope(rope(x, (2, 2)), (2, 2), inverse=True), x, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_turns_through_float32_and_rounds_once(dtype):
+    """bf16/fp16 inputs (autocast) are turned in the table's float32: values and gradients are the float64 results
+    rounded once."""
+    rope = RotaryEmbedding(16, axes=2, num_prefix_tokens=1)
+    x = torch.randn(2, 2, 13, 16).to(dtype).requires_grad_()
+    w = torch.randn(2, 2, 13, 16).to(dtype)
+    y = rope(x, grid=(3, 4))
+    assert y.dtype == dtype
+    (y * w).sum().backward()
+    x64 = x.detach().double().requires_grad_()
+    y64 = rope(x64, grid=(3, 4))
+    (y64 * w.double()).sum().backward()
+    one_rounding = dict(rtol=torch.finfo(dtype).eps, atol=1e-6)
+    torch.testing.assert_close(y.double(), y64, **one_rounding)
+    torch.testing.assert_close(x.grad.double(), x64.grad, **one_rounding)
+
+
+def test_learned_tables_are_cached_at_inference_and_rebuilt_after_a_step():
+    """A learned family's tables are kept per grid without gradients, and built anew when its parameters change."""
+    rope = RotaryEmbedding(16, axes=2, freqs="mixed", num_heads=2)
+    with torch.no_grad():
+        a = rope.table((3, 4))
+        assert rope.table((3, 4)) is a
+        rope.family.frequencies.mul_(2.0)  # an optimizer step, a load: a new version
+        b = rope.table((3, 4))
+    assert b is not a and not torch.allclose(a.sin, b.sin)
+    assert rope.table((3, 4)) is not rope.table((3, 4))  # with gradients: built per call, its graph intact

@@ -32,9 +32,9 @@ def test_two_clip_lengths_and_sizes(clip):
 
 def test_3d_rope_splits_head_dim_per_axis():
     small = timm.create_model("vit_rope3d_small", depth=1)
-    assert small.rope.axes == 3 and small.rope.axis_dims == (20, 20, 20)  # head_dim 64, 4 channels unrotated
+    assert small.rope.axes == 3 and small.rope.family.axis_dims == (20, 20, 20)  # head_dim 64, 4 channels unrotated
     mrope = timm.create_model("vit_rope3d_small", depth=1, rope_axis_dims=(16, 24, 24))
-    assert mrope.rope.axis_dims == (16, 24, 24)
+    assert mrope.rope.family.axis_dims == (16, 24, 24)
     # time (grid axis 0) turns the last section: channel pairs 24..31 of a (t=1, h=0, w=0) token
     t = mrope.rope.table((2, 1, 1), dtype=torch.float64)
     turned = (t.sin[2] != 0).nonzero().flatten().tolist()
@@ -140,7 +140,9 @@ def test_video_errors():
         model(torch.randn(1, 3, 2, 40, 32))
     with pytest.raises(ValueError, match="in_chans=4"):
         model(torch.randn(1, 4, 2, 32, 32))
-    with pytest.raises(ValueError, match="RoPE over 3 axes: dim=4 .*head_dim=4 is embed_dim 12 / 3 heads"):
+    with pytest.raises(
+        ValueError, match="axial position encoding over 3 axes: dim=4 .*head_dim=4 is embed_dim 12 / 3 heads"
+    ):
         timm.create_model("vit_rope3d_tiny", embed_dim=12, num_heads=3, depth=1)
     with pytest.raises(ValueError, match="sincos"):
         tiny_video(pos_embed="sincos")
@@ -150,4 +152,4 @@ def test_video_rope_mixed_runs():
     model = tiny_video(pos_embed="rope_mixed")
     out = model(torch.randn(1, 3, 4, 32, 32))
     out.sum().backward()
-    assert model.rope.freqs.grad is not None
+    assert model.rope.family.frequencies.grad is not None

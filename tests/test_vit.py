@@ -14,7 +14,12 @@ from vit_rope.attention import ROPE_TARGETS
 
 IMAGE_NAMES = [
     f"vit_{kind}_{size}" for kind in ("rope", "rope_mixed", "ape") for size in ("tiny", "small", "base", "large")
+] + [
+    f"vit_{kind}_{size}"
+    for kind in ("comrope", "liere", "string", "spiral", "lookhere")
+    for size in ("tiny", "small", "base")
 ]
+FAMILY_MODELS = ["vit_comrope_tiny", "vit_liere_tiny", "vit_string_tiny", "vit_spiral_tiny", "vit_lookhere_tiny"]
 VIDEO_NAMES = [f"vit_rope3d_{size}" for size in ("tiny", "small", "base")]
 
 
@@ -50,7 +55,7 @@ def test_parameter_count_matches_timm_vit_s():
     assert abs(ours - theirs) / theirs < 0.01  # timm's ViT-S adds only a cls-slot pos_embed
 
 
-@pytest.mark.parametrize("name", ["vit_rope_tiny", "vit_rope_mixed_tiny", "vit_ape_tiny"])
+@pytest.mark.parametrize("name", ["vit_rope_tiny", "vit_rope_mixed_tiny", "vit_ape_tiny", *FAMILY_MODELS])
 @pytest.mark.parametrize("size", [(224, 224), (96, 96), (64, 160), (176, 48)])
 def test_unseen_square_and_rectangular_sizes(name, size):
     model = tiny(name).eval()
@@ -85,7 +90,7 @@ def test_prefix_tokens_have_identity_rows_in_the_table():
 def test_rope_buffers_are_not_in_checkpoints():
     for name in ("vit_rope_tiny", "vit_rope_mixed_tiny"):
         keys = [k for k in tiny(name).state_dict() if k.startswith("rope")]
-        assert keys == ([] if name == "vit_rope_tiny" else ["rope.freqs"])
+        assert keys == ([] if name == "vit_rope_tiny" else ["rope.family.frequencies"])
     model = tiny()
     model(torch.randn(1, 3, 64, 64))  # a table is cached now
     assert all("cos" not in k and "sin" not in k for k in model.state_dict())
@@ -112,10 +117,11 @@ def test_each_rope_target_changes_the_output():
 
 
 @pytest.mark.parametrize("heads", [2, 3, 6])
-@pytest.mark.parametrize("mixed", [False, True])
+@pytest.mark.parametrize("family", ["axial", "mixed", "string", "comrope_ld", "liere"])
 @pytest.mark.parametrize("targets", ROPE_TARGETS)
-def test_attention_equals_a_hand_written_reference(targets, mixed, heads):
-    """q/k/v turned by the table where chosen, attention, the output turned back where 'o' is chosen."""
+def test_attention_equals_a_hand_written_reference(targets, family, heads):
+    """q/k/v turned by the table where chosen, attention, the output turned back where 'o' is chosen; random learned
+    parameters (STRING's basis, which attention folds into the q and k projections, is then not the identity)."""
     import torch.nn.functional as F
 
     from vit_rope.attention import Attention, parse_rope_targets
@@ -124,8 +130,11 @@ def test_attention_equals_a_hand_written_reference(targets, mixed, heads):
     letters = parse_rope_targets(targets)  # "none" -> ""
     dim, n = 16 * heads, 1 + 12
     attn = Attention(dim, num_heads=heads, rope_targets=targets).double()
-    rope = RotaryEmbedding(16, axes=2, num_prefix_tokens=1, freqs="mixed" if mixed else "axial", num_heads=heads)
-    table = rope.double().table((3, 4), dtype=torch.float64)
+    rope = RotaryEmbedding(16, axes=2, num_prefix_tokens=1, freqs=family, num_heads=heads).double()
+    with torch.no_grad():
+        for p in rope.parameters():
+            p.copy_(torch.randn_like(p) * 0.3)
+    table = rope.table((3, 4), dtype=torch.float64)
     x = torch.randn(2, n, dim, dtype=torch.float64)
     q, k, v = attn.qkv(x).reshape(2, n, 3, heads, 16).permute(2, 0, 3, 1, 4)
     turn = {c: (lambda t: rope(t, grid=(3, 4))) if c in letters else (lambda t: t) for c in "qkv"}
@@ -134,6 +143,23 @@ def test_attention_equals_a_hand_written_reference(targets, mixed, heads):
         o = rope(o, grid=(3, 4), inverse=True)
     expected = attn.proj(o.transpose(1, 2).reshape(2, n, dim))
     torch.testing.assert_close(attn(x, table), expected, rtol=0, atol=1e-10)
+
+
+def test_attention_adds_an_attention_bias_to_its_logits():
+
+    from vit_rope import PositionEncoding
+    from vit_rope.attention import Attention
+
+    heads, dim, n = 3, 48, 1 + 12
+    attn = Attention(dim, num_heads=heads).double()
+    bias = PositionEncoding(16, 2, "lookhere", num_heads=heads, num_prefix_tokens=1).table((3, 4), dtype=torch.float64)
+    x = torch.randn(2, n, dim, dtype=torch.float64)
+    q, k, v = attn.qkv(x).reshape(2, n, 3, heads, 16).permute(2, 0, 3, 1, 4)
+    logits = q @ k.mT / 4 + bias.bias  # 1/sqrt(16), then the bias, unscaled
+    o = logits.softmax(-1) @ v
+    expected = attn.proj(o.transpose(1, 2).reshape(2, n, dim))
+    torch.testing.assert_close(attn(x, bias), expected, rtol=0, atol=1e-10)
+    assert not torch.allclose(attn(x, bias), attn(x))
 
 
 def test_forward_hook_on_qkv_sees_the_projection_unrotated():
@@ -170,7 +196,7 @@ def test_attention_refuses_a_table_of_every_layer():
     rope = RotaryEmbedding(8, axes=2, freqs="mixed", num_heads=2, depth=2)
     table = rope.table((2, 2))  # (depth, heads, N, dim // 2): one layer must be picked
     for targets in ("qk", "o"):
-        with pytest.raises(ValueError, match="RotaryTable.layer"):
+        with pytest.raises(ValueError, match=r"table.layer\(i\)"):
             Attention(16, 2, rope_targets=targets)(torch.randn(2, 4, 16), table)
 
 
@@ -180,70 +206,6 @@ def test_vo_rope_refuses_yarn_where_its_temperature_applies():
     with pytest.raises(ValueError, match="rope_scaling='yarn' at grid \\(4, 4\\).*turning v or o"):
         model(torch.randn(1, 3, 64, 64))
     tiny(rope_targets="qk", rope_scaling="yarn", img_size=32).eval()(torch.randn(1, 3, 64, 64))
-
-
-def test_fused_layerscale_residual_equals_the_plain_one(monkeypatch):
-    """Blocks add LayerScale'd branches in one addcmul (LayerScale itself is not called); output and gradients equal
-    x + ls(y); a hook on ls still fires (it gets the plain path); stochastic depth still drops branches whenever its
-    module is in training mode, and is skipped in eval."""
-    from timm.layers import LayerScale
-
-    calls = []
-    plain_forward = LayerScale.forward
-    monkeypatch.setattr(LayerScale, "forward", lambda self, y: calls.append(1) or plain_forward(self, y))
-    block = tiny(init_values=0.5).blocks[0].train()
-    x = torch.randn(2, 17, 192, requires_grad=True)
-
-    def plain(b, x):
-        x = x + plain_forward(b.ls1, b.attn(b.norm1(x)))
-        return x + plain_forward(b.ls2, b.mlp(b.norm2(x)))
-
-    outs, grads = [], []
-    for run in (block, lambda x: plain(block, x)):
-        out = run(x)
-        out.square().sum().backward()
-        outs.append(out)
-        grads.append([x.grad.clone(), block.ls1.gamma.grad.clone(), block.ls2.gamma.grad.clone()])
-        x.grad = block.ls1.gamma.grad = block.ls2.gamma.grad = None
-    assert calls == []  # the fused path ran
-    torch.testing.assert_close(outs[0], outs[1])
-    for a, b in zip(*grads, strict=True):
-        torch.testing.assert_close(a, b)
-    block.ls2.register_forward_hook(lambda *args: calls.append("hook"))
-    torch.testing.assert_close(block(x), outs[1])
-    assert calls == [1, "hook"]  # ls2 called once, through the plain path, and its hook saw it
-
-    dropping = tiny(init_values=0.5, drop_path_rate=1.0).blocks[1]  # rates run 0 → 1 over the blocks
-    torch.testing.assert_close(dropping.train()(x), x)  # every branch dropped: the block passes x through
-    torch.testing.assert_close(dropping.eval()(x), plain(dropping, x))  # eval: no dropping, fused
-    dropping.drop_path1.train()  # stochastic depth switched on by itself (MC-dropout style) still drops
-    torch.testing.assert_close(dropping(x), x + plain_forward(dropping.ls2, dropping.mlp(dropping.norm2(x))))
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA autocast (CPU autocast does not promote addcmul)")
-def test_layerscale_residual_under_autocast_keeps_no_float32_copy():
-    """Under mixed precision (bfloat16 branch, float32 residual) blocks add ``x + ls(y)`` as timm's do: CUDA autocast
-    would run a fused addcmul on a float32 copy of y and keep that for backward (10 % more activation memory in a
-    ViT-S training step, measured on an H100)."""
-    block = tiny(init_values=0.5).blocks[0].train().cuda()
-    x = torch.randn(2, 17, 192, requires_grad=True, device="cuda")
-
-    def saved_bytes(run):
-        storages, held = {}, []  # held: alive while the forward runs, so no freed address is reused and miscounted
-
-        def pack(t):  # returns nothing: returning a saved output would tie it to its own graph node (a leak)
-            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-            held.append(t)
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda _: None), torch.autocast("cuda", torch.bfloat16):
-            run(x)
-        return sum(storages.values())
-
-    def plain(x):
-        x = x + block.ls1(block.attn(block.norm1(x)))
-        return x + block.ls2(block.mlp(block.norm2(x)))
-
-    assert saved_bytes(block) == saved_bytes(plain)
 
 
 def test_vo_rope_model_output_is_shift_invariant():
@@ -333,10 +295,47 @@ def test_mixed_checkpoint_roundtrip_keeps_frequencies(tmp_path):
     src = tiny("vit_rope_mixed_tiny")
     path = save(src, tmp_path / "m.safetensors")
     dst = tiny("vit_rope_mixed_tiny", pretrained=True, pretrained_cfg_overlay=dict(file=path), img_size=96)
-    torch.testing.assert_close(dst.rope.freqs, src.rope.freqs)
+    torch.testing.assert_close(dst.rope.family.frequencies, src.rope.family.frequencies)
 
 
 # ---------------------------------------------------------------------------------------------- timm API
+@pytest.mark.parametrize("name", FAMILY_MODELS)
+def test_new_families_follow_the_timm_api(name):
+    """Heads, pooling, intermediates and pruning, features_only, and no weight decay on any learned position
+    parameter (as the papers train them)."""
+    model = tiny(name, num_classes=5, depth=3).eval()
+    x = torch.randn(2, 3, 64, 96)
+    assert model.forward_head(model.forward_features(x), pre_logits=True).shape == (2, 192)
+    learned = {n for n, _ in model.named_parameters() if n.startswith("rope.")}
+    assert learned <= model.no_weight_decay() and bool(learned) == (
+        name not in ("vit_spiral_tiny", "vit_lookhere_tiny")
+    )
+    final, inter = model.forward_intermediates(x, indices=[0, 2])
+    block0 = inter[0]
+    assert [t.shape for t in inter] == [(2, 192, 4, 6)] * 2
+    model.prune_intermediate_layers(indices=[0])
+    torch.testing.assert_close(model.forward_intermediates(x, indices=[0], intermediates_only=True)[0], block0)
+    features = timm.create_model(name, depth=2, features_only=True, out_indices=(1,))
+    assert [o.shape for o in features(x)] == [(2, 192, 4, 6)]
+
+
+@pytest.mark.parametrize("name", ["vit_rope_tiny", "vit_ape_tiny", *FAMILY_MODELS])
+def test_token_dropping_trains_on_kept_tokens_and_is_off_in_eval(name):
+    """patch_drop_rate keeps a random subset of patch tokens in training (each keeps its position: see
+    test_families), none in eval, where the model equals one built without it."""
+    model = tiny(name, num_classes=5, patch_drop_rate=0.5).train()
+    seen = []
+    model.blocks[0].register_forward_hook(lambda mod, args, out: seen.append(out.shape[1]))
+    model(torch.randn(2, 3, 64, 64)).sum().backward()
+    assert seen == [1 + 8]  # cls + half of the 16 patches
+    assert all(p.grad is not None for p in model.parameters())
+    plain = tiny(name, num_classes=5).eval()
+    plain.load_state_dict(model.state_dict())
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(model.eval()(x), plain(x), rtol=0, atol=0)
+
+
 def test_timm_api_surface():
     model = tiny(num_classes=5).eval()
     x = torch.randn(2, 3, 64, 96)
@@ -379,7 +378,7 @@ def test_features_only():
 
 
 @pytest.mark.parametrize("reentrant", [False, True])
-@pytest.mark.parametrize("name", ["vit_rope_mixed_tiny", "vit_rope_tiny"])
+@pytest.mark.parametrize("name", ["vit_rope_mixed_tiny", "vit_rope_tiny", "vit_string_tiny", "vit_lookhere_tiny"])
 def test_grad_checkpointing_gives_same_output_and_grads(name, reentrant, monkeypatch):
     """Every parameter's gradient, learned frequencies' included, is the same with timm's gradient checkpointing
     (its default, non-reentrant, and the reentrant kind) as without."""
@@ -390,7 +389,7 @@ def test_grad_checkpointing_gives_same_output_and_grads(name, reentrant, monkeyp
     a = model(x)
     a.sum().backward()
     g = {n: p.grad.clone() for n, p in model.named_parameters()}
-    assert "mixed" not in name or g["rope.freqs"].any()
+    assert all(g[n].any() for n in g if n.startswith("rope."))
     model.zero_grad(set_to_none=True)
     model.set_grad_checkpointing(True)
     torch.manual_seed(0)
@@ -533,7 +532,9 @@ def test_torch_compile_matches_eager(name):
 
 
 @pytest.mark.parametrize("checkpointing", [False, True])
-@pytest.mark.parametrize("name", ["vit_rope_tiny", "vit_rope_mixed_tiny", "vit_ape_tiny"])
+@pytest.mark.parametrize(
+    "name", ["vit_rope_tiny", "vit_rope_mixed_tiny", "vit_ape_tiny", "vit_string_tiny", "vit_lookhere_tiny"]
+)
 def test_torch_fx_feature_extraction_matches_eager(name, checkpointing):
     """timm's fx path (graph node names, feature extractor) traces the model, with gradient checkpointing on too;
     outputs equal eager exactly."""
@@ -550,7 +551,7 @@ def test_torch_fx_feature_extraction_matches_eager(name, checkpointing):
 
 
 # -------------------------------------------------------------------------------------------------- export
-@pytest.mark.parametrize("name", ["vit_rope_tiny", "vit_rope_mixed_tiny", "vit_ape_tiny"])
+@pytest.mark.parametrize("name", ["vit_rope_tiny", "vit_rope_mixed_tiny", "vit_ape_tiny", *FAMILY_MODELS])
 def test_torch_export_matches_eager(name):
     model = tiny(name, num_classes=10).eval()
     x = torch.randn(2, 3, 64, 96)
@@ -561,7 +562,9 @@ def test_torch_export_matches_eager(name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["vit_rope_tiny", "vit_rope_mixed_tiny", "vit_ape_tiny"])
+@pytest.mark.parametrize(
+    "name", ["vit_rope_tiny", "vit_rope_mixed_tiny", "vit_ape_tiny", "vit_spiral_tiny", "vit_lookhere_tiny"]
+)  # ComRoPE and LieRE need matrix_exp, STRING a solve: not in ONNX
 def test_onnx_export_matches_eager(name, tmp_path):
     import onnxruntime as ort
 
@@ -584,9 +587,11 @@ def test_bad_input_errors():
         model(torch.randn(1, 3, 70, 64))
     with pytest.raises(ValueError, match="video clip\\? use a vit_rope3d"):
         model(torch.randn(1, 3, 4, 64, 64))
-    with pytest.raises(ValueError, match="RoPE over 2 axes: dim=2 .*head_dim=2 is embed_dim 12 / 6 heads"):
+    with pytest.raises(
+        ValueError, match="axial position encoding over 2 axes: dim=2 .*head_dim=2 is embed_dim 12 / 6 heads"
+    ):
         timm.create_model("vit_rope_tiny", embed_dim=12, num_heads=6, depth=1)
-    with pytest.raises(ValueError, match="layout='halves'.*rope_<name> sets <name>\\)$"):  # no head-dim hint
+    with pytest.raises(ValueError, match="layout='halves'.*sets <name>\\)$"):  # no head-dim hint
         tiny(rope_layout="halves")
     with pytest.raises(ValueError, match="pos_embed='learned'"):
         tiny(pos_embed="learned")

@@ -1,18 +1,26 @@
 """vit-rope: Vision Transformers with n-dimensional rotary position embeddings, registered in timm."""
 
 from . import video, vit  # noqa: F401  (register the models in timm)
-from .rope import RotaryEmbedding, RotaryTable, apply_rotary, rotate_packed, rotate_split
+from .checkpoint import checkpoint_filter_fn
+from .families import FAMILIES, Family, register_family
+from .rope import SCALING_MODES, PositionEncoding, RotaryEmbedding
+from .tables import AttentionBias, BlockTable, RotaryTable, apply_rotary
 from .video import VideoVisionTransformer
-from .vit import VisionTransformer, checkpoint_filter_fn
+from .vit import VisionTransformer
 
 __all__ = [
+    "FAMILIES",
+    "SCALING_MODES",
+    "AttentionBias",
+    "BlockTable",
+    "Family",
+    "PositionEncoding",
     "RotaryEmbedding",
     "RotaryTable",
     "VideoVisionTransformer",
     "VisionTransformer",
     "apply_rotary",
     "checkpoint_filter_fn",
-    "rotate_packed",
-    "rotate_split",
+    "register_family",
 ]
 __version__ = "0.1.0"

@@ -1,28 +1,24 @@
-"""Multi-head self-attention whose q, k, v and output can carry the rotary embedding.
+"""Multi-head self-attention that applies a position encoding: a rotation of q, k (and v, o), or a bias.
 
-``rope_targets`` picks which of them turn: ``"qk"`` is standard RoPE (Su et al. 2021); ``"vo"`` is VO-RoPE
-("second kind" RoPE, Su 2025, kexue.fm/archives/10862): v is turned by the key's position and the attention
-output back by the query's, ``o_i = R_iᵀ Σ_j a_ij R_j v_j = Σ_j a_ij R_{j-i} v_j``, so the output again depends
-only on relative positions. Any subset (``"q"``, ``"k"``, ``"v"``, ``"o"``, ``"qkv"``, ``"qkvo"``, ``"none"``)
-serves the ablation.
+``rope_targets`` picks which of q, k, v and the output turn: ``"qk"`` is standard RoPE (Su et al. 2021); ``"vo"`` is
+VO-RoPE ("second kind" RoPE, Su 2025, kexue.fm/archives/10862): v is turned by the key's position and the attention
+output back by the query's, ``o_i = R_iᵀ Σ_j a_ij R_j v_j = Σ_j a_ij R_{j-i} v_j``, so the output again depends only
+on relative positions. Any subset (``"q"``, ``"k"``, ``"v"``, ``"o"``, ``"qkv"``, ``"qkvo"``, ``"none"``) serves the
+ablation. An attention bias (LookHere) is added to the logits instead.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .rope import RotaryTable, apply_rotary, rotate_split
+from .apply import apply_encoding, rotate_output
+from .tables import AttentionBias, Encoding, RotaryTable
 
 ROPE_TARGETS = ("qk", "vo", "qkvo", "q", "k", "v", "o", "qkv", "none")
-
-
-def hooked(*modules: nn.Module) -> bool:
-    """Whether a hook would see a call of these modules, forward or backward (then a fused or in-place path, which
-    skips the calls or overwrites their output, is not taken)."""
-    glob = nn.modules.module
-    hooks = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
-    return any(getattr(m, h) for m in modules for h in hooks) or any(getattr(glob, f"_global{h}") for h in hooks)
 
 
 def parse_rope_targets(targets: str) -> str:
@@ -33,8 +29,19 @@ def parse_rope_targets(targets: str) -> str:
     return "".join(c for c in "qkvo" if c in letters)
 
 
+def fold_basis(linear: nn.Linear, basis: Tensor, num_heads: int) -> tuple[Tensor, Tensor | None]:
+    """The qkv projection's weight and bias with q's and k's rows turned by a basis ``(heads | 1, dim, dim)``:
+    ``P W_q``, ``P W_k`` (Cayley-STRING's change of basis folded into the projection)."""
+    w = linear.weight.unflatten(0, (3, num_heads, -1))  # (3, heads, dim, C)
+    weight = torch.cat((basis.to(w.dtype) @ w[:2], w[2:])).flatten(0, 2)
+    if linear.bias is None:
+        return weight, None
+    b = linear.bias.unflatten(0, (3, num_heads, -1, 1))  # (3, heads, dim, 1)
+    return weight, torch.cat((basis.to(b.dtype) @ b[:2], b[2:])).flatten()
+
+
 class Attention(nn.Module):
-    """Attention through ``F.scaled_dot_product_attention``; q/k (and v/o) rotated in as few passes as possible."""
+    """Attention through ``F.scaled_dot_product_attention``, with the position encoding of its layer."""
 
     def __init__(
         self,
@@ -51,34 +58,24 @@ class Attention(nn.Module):
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.rope_targets = parse_rope_targets(rope_targets)
-        # which of q, k, v turn; they are turned in the projection's output, in place, so attention reads q, k, v
-        # where an absolute-embedding ViT would and no rotated copy lives beside the projection
-        self._turn_qkv = tuple(c in self.rope_targets for c in "qkv")
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.attn_drop = attn_drop
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def forward(self, x: Tensor, rope: RotaryTable | None = None) -> Tensor:
+    def forward(self, x: Tensor, pos: Encoding | None = None) -> Tensor:
         B, N, C = x.shape
-        if isinstance(rope, RotaryTable) and rope.cos.ndim > 3:  # (torch.fx hands a proxy: nothing to check)
-            raise ValueError(
-                f"the rotary table has shape {tuple(rope.cos.shape)}; attention takes ([heads,] N, dim // 2), the "
-                "same positions for the whole batch: take one layer of a per-layer table with RotaryTable.layer(i)"
-            )
-        qkv = self.qkv(x)
-        if rope is not None and any(self._turn_qkv):
-            if hooked(self.qkv):
-                # a forward hook may hold the projection's output, and a backward hook hands it out as a view that
-                # may not change in place: turn a copy, so the hooks see the projection as it was
-                qkv = qkv.clone()
-            split = rotate_split(qkv, rope, self.num_heads, self._turn_qkv)
-            del qkv  # where the rotation made a copy (the half layout, say), the projection's output goes now
-            q, k, v = split[0], split[1], split[2]  # indexed, not unpacked: torch.fx traces a tuple it cannot size
+        if not self.rope_targets and not isinstance(pos, AttentionBias):
+            pos = None  # rope_targets="none": a rotation turns nothing
+        if isinstance(pos, RotaryTable) and pos.basis is not None and self.rope_targets == "qk":
+            # <Pᵀ R P q, Pᵀ R P k> = <R P q, R P k>: the basis folds into the q and k projections, exactly
+            qkv = F.linear(x, *fold_basis(self.qkv, pos.basis, self.num_heads))
+            pos = replace(pos, basis=None)
         else:
-            q, k, v = qkv.reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.0)
-        if rope is not None and "o" in self.rope_targets:
-            x = apply_rotary(x, rope, inverse=True)
+            qkv = self.qkv(x)  # (B, N, 3 * C)
+        q, k, v, bias = apply_encoding(qkv, pos, self.num_heads, self.rope_targets)  # (B, heads, N, head_dim) each
+        x = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=self.attn_drop if self.training else 0.0)
+        if "o" in self.rope_targets:
+            x = rotate_output(x, pos)
         x = x.transpose(1, 2).reshape(B, N, C)
         return self.proj_drop(self.proj(x))

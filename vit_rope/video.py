@@ -12,26 +12,19 @@ trunk is shared; an image APE is repeated over time.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
+import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import to_2tuple
 from timm.layers._fx import register_notrace_function
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from torch import Tensor, nn
 
-from .vit import (
-    SIZES,
-    VisionTransformer,
-    checkpoint_embed_grid,
-    checkpoint_filter_fn,
-    checkpoint_prefix_slots,
-    resample_grid_embed,
-    unwrap_state_dict,
-)
+from .checkpoint import inflate_image_checkpoint
+from .vit import SIZES, VisionTransformer, check_batch
 
-__all__ = ["TubeletEmbed", "VideoVisionTransformer", "inflate_image_checkpoint"]
+__all__ = ["TubeletEmbed", "VideoVisionTransformer"]
 
 
 class TubeletEmbed(nn.Module):
@@ -57,13 +50,14 @@ class TubeletEmbed(nn.Module):
 
 
 @register_notrace_function
-def check_video_input(x: Tensor, in_chans: int, tubelet: int, patch_size: Sequence[int]) -> None:
+def check_video_input(x: Tensor, in_chans: int, tubelet: int, patch_size: Sequence[int], dtype: torch.dtype) -> None:
     """One clear error for input a video model cannot take."""
     if x.ndim != 5:
         hint = (
             " (an image batch? use a vit_rope_* image model, or add a time axis: x.unsqueeze(2))" if x.ndim == 4 else ""
         )
         raise ValueError(f"video models take (B, C, T, H, W) clips, got shape {tuple(x.shape)}{hint}")
+    check_batch(x, dtype)
     if x.shape[1] != in_chans:
         raise ValueError(
             f"clip has {x.shape[1]} channels (dim 1 of (B, C, T, H, W)) but the model was built with "
@@ -85,7 +79,9 @@ class VideoVisionTransformer(VisionTransformer):
     def __init__(self, num_frames: int = 16, tubelet_size: int = 2, **kwargs) -> None:
         self._num_frames, self._tubelet_size = num_frames, tubelet_size
         if kwargs.get("pos_embed") == "sincos":
-            raise ValueError("pos_embed='sincos' is 2D only; video models take 'rope', 'rope_mixed', 'ape' or 'none'")
+            raise ValueError(
+                "pos_embed='sincos' is 2D only; video models take a position-encoding family, 'ape' or 'none'"
+            )
         if kwargs.pop("dynamic_img_pad", False):
             raise ValueError("video models do not pad; crop clips to multiples of the tubelet and patch size")
         super().__init__(**kwargs)
@@ -94,61 +90,11 @@ class VideoVisionTransformer(VisionTransformer):
         return TubeletEmbed(img_size, self._num_frames, self._tubelet_size, patch_size, in_chans, embed_dim)
 
     def _check_input(self, x: Tensor) -> None:
-        check_video_input(x, self.in_chans, self.patch_embed.tubelet_size, self.patch_embed.patch_size)
+        pe = self.patch_embed
+        check_video_input(x, self.in_chans, pe.tubelet_size, pe.patch_size, pe.proj.weight.dtype)
 
     def set_input_size(self, img_size=None, patch_size=None) -> None:
         raise NotImplementedError("video models take any clip size the tubelet divides; create a new model instead")
-
-
-def video_embed_grid(n: int, grid: tuple[int, int, int]) -> tuple[int, int, int]:
-    """The (time, rows, cols) grid of a video checkpoint's APE of n rows, for a model of ``grid``: the model's frame
-    grid with another number of time steps, or its time steps over another square frame grid, whichever alone fits
-    n. Where neither or both fit, n cannot tell the grid, and that is one clear error rather than a guess."""
-    T, H, W = grid
-    fits = []
-    if n % (H * W) == 0:
-        fits.append((n // (H * W), H, W))
-    side = math.isqrt(n // T)
-    if n % T == 0 and side * side == n // T:
-        fits.append((T, side, side))
-    if len(set(fits)) == 1:
-        return fits[0]
-    raise ValueError(
-        f"the video checkpoint's pos_embed has {n} positions, which fit {' and '.join(map(str, fits)) or 'neither'} "
-        f"of the (time, rows, cols) grids tried against the model's {grid}; create the model with the checkpoint's "
-        "num_frames and img_size: it takes clips of other sizes as they come, the APE resampled on the fly"
-    )
-
-
-def inflate_image_checkpoint(state_dict: dict[str, Tensor], model: VideoVisionTransformer) -> dict[str, Tensor]:
-    """Adapt an image or video checkpoint to a video model (``pretrained_filter_fn`` of the video models)."""
-    state_dict = dict(unwrap_state_dict(state_dict))
-    w = state_dict.get("patch_embed.proj.weight")
-    video = w is not None and w.ndim == 5  # a video checkpoint: its APE is over (time, rows, cols)
-    if w is not None and w.ndim == 4:  # image kernel → each of the tubelet's frames gets kernel / depth
-        t = model.patch_embed.tubelet_size
-        if w.shape[-2:] != model.patch_embed.patch_size:
-            from timm.layers import resample_patch_embed
-
-            w = resample_patch_embed(w, list(model.patch_embed.patch_size))
-        state_dict["patch_embed.proj.weight"] = w.unsqueeze(2).repeat(1, 1, t, 1, 1) / t
-    pe = state_dict.pop("pos_embed", None)
-    if pe is not None and model.pos_embed is not None:
-        T, H, W = model.patch_embed.grid_size
-        n = pe.shape[1]
-        if n == T * H * W:
-            state_dict["pos_embed"] = pe
-        elif video:  # another clip length or frame size: trilinear, as a forward pass at that size resamples it
-            state_dict["pos_embed"] = resample_grid_embed(pe, (T, H, W), video_embed_grid(n, (T, H, W)))
-        else:  # an image APE: spatial grid, prefix slots dropped, resampled, repeated over time
-            pe, src = checkpoint_embed_grid(pe, checkpoint_prefix_slots(state_dict), (H, W), "the image pos_embed")
-            pe = resample_grid_embed(pe, (H, W), src)
-            state_dict["pos_embed"] = pe.reshape(1, 1, H * W, -1).expand(1, T, H * W, -1).reshape(1, T * H * W, -1)
-    freqs = state_dict.get("rope.freqs")
-    own = model.rope.freqs if model.rope is not None else None
-    if freqs is not None and own is not None and freqs.shape != own.shape:
-        state_dict.pop("rope.freqs")  # 2D mixed frequencies do not map onto three axes: keep the 3D init
-    return checkpoint_filter_fn(state_dict, model)
 
 
 def _cfg(**kwargs):

@@ -1,19 +1,20 @@
-"""Vision Transformer whose position embedding is chosen by argument, registered in timm.
+"""Vision Transformer whose position encoding is chosen by argument, registered in timm.
 
 A pre-norm ViT with patch embedding, a cls token (optional register tokens) and LayerScale: the DeiT-III trunk
 (Touvron et al. 2022). ``pos_embed`` picks the only part that differs between variants:
 
-* ``"rope"``: axial RoPE (Heo et al., "Rotary Position Embedding for Vision Transformer", ECCV 2024)
-* ``"rope_mixed"``: RoPE-Mixed, learned frequencies per layer and head (same paper)
+* a position-encoding family, by its name or its models' name: ``"rope"`` (axial RoPE, Heo et al. ECCV 2024),
+  ``"rope_mixed"`` (RoPE-Mixed), ``"comrope"`` (ComRoPE-LD; ``"comrope_ap"`` too), ``"liere"``, ``"string"``
+  (Cayley-STRING), ``"spiral"``, ``"lookhere"`` (see :mod:`vit_rope.families`)
 * ``"ape"``: learned absolute embedding over the patch grid (resampled bicubically at other sizes)
 * ``"rope_ape"``: both, as RoPE-ViT's "+APE" models
 * ``"sincos"``: fixed 2D sin-cos absolute embedding
 * ``"none"``
 
-Any input whose sides the patch size divides runs without extra arguments: RoPE positions follow the grid and
-APE is resampled with timm's ``resample_abs_pos_embed``. Checkpoints never hold RoPE tables, so they load at
-any size. timm's RoPE ViTs (``vit_*_patch16_rope*_224``) and DeiT-III (``deit3_*_patch16_224``) checkpoints load
-through :func:`checkpoint_filter_fn` with equal outputs.
+Any input whose sides the patch size divides runs without extra arguments: positions follow the grid and APE is
+resampled with timm's ``resample_abs_pos_embed``. timm's RoPE ViTs (``vit_*_patch16_rope*_224``) and DeiT-III
+(``deit3_*_patch16_224``) checkpoints load through :func:`~vit_rope.checkpoint.checkpoint_filter_fn` with equal
+outputs.
 """
 
 from __future__ import annotations
@@ -25,30 +26,33 @@ from functools import partial
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from timm.layers import (
-    DropPath,
-    LayerScale,
-    Mlp,
-    PatchEmbed,
-    build_sincos2d_pos_embed,
-    resample_abs_pos_embed,
-    trunc_normal_,
-)
+from timm.layers import DropPath, LayerScale, Mlp, PatchEmbed, build_sincos2d_pos_embed, trunc_normal_
 from timm.layers._fx import register_notrace_function
+from timm.layers.patch_dropout import PatchDropoutWithIndices
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models._features import feature_take_indices
 from timm.models._manipulate import checkpoint, named_apply
 from timm.models.vision_transformer import init_weights_vit_timm
 from torch import Tensor, nn
 
-from .attention import Attention, hooked, parse_rope_targets
-from .rope import RotaryEmbedding, RotaryTable
+from .attention import Attention, parse_rope_targets
+from .checkpoint import checkpoint_filter_fn, resample_grid_embed
+from .families import FAMILIES
+from .rope import PositionEncoding
+from .tables import Encoding
 
-__all__ = ["VisionTransformer", "checkpoint_filter_fn", "POS_EMBEDS"]
+__all__ = ["POS_EMBEDS", "VisionTransformer", "family_of"]
 
-POS_EMBEDS = ("rope", "rope_mixed", "ape", "rope_ape", "sincos", "none")
+ABSOLUTE = ("ape", "sincos", "none")
+# a family under its models' name ("rope" → axial) or its own; "rope_ape" is axial RoPE and an APE
+POS_FAMILIES = {name: name for name in FAMILIES} | {f.model_name: n for n, f in FAMILIES.items() if f.model_name}
+POS_EMBEDS = (*ABSOLUTE, "rope_ape", *POS_FAMILIES)
+
+
+def family_of(pos_embed: str) -> str | None:
+    """The position-encoding family a ``pos_embed`` value names (None for absolute embeddings alone)."""
+    return "axial" if pos_embed == "rope_ape" else POS_FAMILIES.get(pos_embed)
 
 
 class Block(nn.Module):
@@ -77,34 +81,18 @@ class Block(nn.Module):
         self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
-    def forward(self, x: Tensor, rope: RotaryTable | None = None) -> Tensor:
-        x = self.residual(x, self.attn(self.norm1(x), rope), self.ls1, self.drop_path1)
-        return self.residual(x, self.mlp(self.norm2(x)), self.ls2, self.drop_path2)
-
-    def residual(self, x: Tensor, y: Tensor, ls: nn.Module, drop_path: nn.Module) -> Tensor:
-        """``x + drop_path(ls(y))``. With LayerScale and no stochastic depth this is one pass, ``addcmul``, instead
-        of a scaled copy of y and then the sum: the two passes make up about 1 % of a ViT-S forward on a CPU. Not under
-        mixed precision (y in another dtype than x): autocast would run addcmul on a float32 copy of y and keep that
-        for backward, twice the bytes of the bfloat16 y that the plain product keeps."""
-        same_dtype = not isinstance(y, Tensor) or y.dtype == x.dtype  # (a torch.fx Proxy has none)
-        if same_dtype and type(ls) is LayerScale and drop_path_off(drop_path) and not hooked(ls, drop_path):
-            return torch.addcmul(x, y, ls.gamma)
-        return x + drop_path(ls(y))
-
-
-def drop_path_off(drop_path: nn.Module) -> bool:
-    """Whether stochastic depth passes its input through unchanged (none, rate 0, or not in training mode)."""
-    return type(drop_path) is nn.Identity or (
-        type(drop_path) is DropPath and (drop_path.drop_prob == 0 or not drop_path.training)
-    )
+    def forward(self, x: Tensor, pos: Encoding | None = None) -> Tensor:
+        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), pos)))
+        return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
 
 
 @register_notrace_function
-def check_image_input(x: Tensor, in_chans: int, patch_size: Sequence[int], pad: bool) -> None:
+def check_image_input(x: Tensor, in_chans: int, patch_size: Sequence[int], pad: bool, dtype: torch.dtype) -> None:
     """One clear error for input an image model cannot take."""
     if x.ndim != 4:
         hint = " (a video clip? use a vit_rope3d_* model)" if x.ndim == 5 else ""
         raise ValueError(f"image models take (B, C, H, W) input, got shape {tuple(x.shape)}{hint}")
+    check_batch(x, dtype)
     if x.shape[1] != in_chans:
         raise ValueError(
             f"input has {x.shape[1]} channels but the model was built with in_chans={in_chans}; "
@@ -118,6 +106,20 @@ def check_image_input(x: Tensor, in_chans: int, patch_size: Sequence[int], pad: 
         )
 
 
+def check_batch(x: Tensor, dtype: torch.dtype) -> None:
+    """An empty batch, or input of another floating dtype than the weights outside autocast, is an error here rather
+    than deep inside a convolution."""
+    if x.shape[0] == 0:
+        raise ValueError("the batch is empty (batch size 0); pass at least one sample")
+    if not x.is_floating_point():
+        raise ValueError(f"input has dtype {x.dtype}; convert it to a float tensor, e.g. x.float() / 255")
+    if x.dtype != dtype and not torch.is_autocast_enabled(x.device.type):
+        raise ValueError(
+            f"input has dtype {x.dtype} but the model's weights are {dtype}; convert one to the other "
+            f"(x.to({dtype}) or model.to({x.dtype})), or run under torch.autocast"
+        )
+
+
 def check_global_pool(global_pool: str, class_token: bool) -> None:
     """One clear error for a pooling the model cannot do."""
     if global_pool not in ("", "token", "avg", "max"):
@@ -126,71 +128,32 @@ def check_global_pool(global_pool: str, class_token: bool) -> None:
         raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg' without one")
 
 
-def checkpoint_prefix_slots(state_dict: dict[str, Tensor]) -> tuple[int, ...]:
-    """How many prefix-token rows a checkpoint's APE may start with, from the tokens it holds: none (DeiT-III and
-    ours), or one a cls, distillation and register token (classic timm ViTs, DeiT distilled, register ViTs)."""
-    cls = int("cls_token" in state_dict) + int("dist_token" in state_dict)
-    reg = state_dict["reg_token"].shape[1] if "reg_token" in state_dict else 0
-    return tuple(sorted({0, cls, reg, cls + reg}))
-
-
-def checkpoint_embed_grid(
-    pos_embed: Tensor, prefixes: Sequence[int], grid: Sequence[int], what: str = "checkpoint pos_embed"
-) -> tuple[Tensor, list[int]]:
-    """A checkpoint's image APE ``(1, n, C)`` without its prefix-token rows (one of ``prefixes``), and its grid: the
-    model's ``grid`` where the rows left are that many, else the square they make. Any other n is a grid that cannot
-    be told from n alone, and gets one clear error rather than a guess."""
-    n = pos_embed.shape[1]
-    for fits in (lambda m: m == math.prod(grid), lambda m: math.isqrt(m) ** 2 == m):
-        for prefix in prefixes:
-            if n > prefix and fits(n - prefix):
-                side = math.isqrt(n - prefix)
-                src = list(grid) if n - prefix == math.prod(grid) else [side, side]
-                return pos_embed[:, prefix:], src
-    raise ValueError(
-        f"{what} has {n} positions: after {' or '.join(map(str, prefixes))} prefix rows, neither the model's grid "
-        f"{tuple(grid)} nor a square, so its grid cannot be inferred; create the model at the checkpoint's img_size "
-        "(it takes other sizes as they come, the APE resampled on the fly) or call set_input_size after loading"
-    )
-
-
-def resample_grid_embed(pos_embed: Tensor, grid: Sequence[int], ref_grid: Sequence[int]) -> Tensor:
-    """An absolute embedding over ``ref_grid`` resampled to ``grid``: bicubic in 2D (align_corners=False, no
-    antialias, RoPE-ViT's protocol, via timm's ``resample_abs_pos_embed``), trilinear in 3D."""
-    if tuple(grid) == tuple(ref_grid):
-        return pos_embed
-    if len(grid) == 2:
-        return resample_abs_pos_embed(pos_embed, list(grid), list(ref_grid), num_prefix_tokens=0, antialias=False)
-    C = pos_embed.shape[-1]
-    pe = pos_embed.reshape(1, *ref_grid, C).movedim(-1, 1).float()
-    pe = F.interpolate(pe, size=tuple(grid), mode="trilinear", align_corners=False)
-    return pe.movedim(1, -1).reshape(1, -1, C).to(pos_embed.dtype)
-
-
 @register_notrace_function
-def embed_positions(
-    x: Tensor,
-    pos_embed: Tensor | None,
-    sincos: bool,
-    rope: RotaryEmbedding | None,
-    ref_grid: tuple[int, ...],
-    rope_vo: bool = False,
-) -> tuple[Tensor, RotaryTable | None, tuple[int, ...]]:
-    """Patch tokens ``(B, *grid, C)`` → flat tokens with any absolute embedding added, the rotary table of the grid
-    (cached; prefix rows identity), and the grid. A leaf for torch.fx: everything here depends on the grid size."""
+def absolute_positions(x: Tensor, pos_embed: Tensor | None, sincos: bool, ref_grid: tuple[int, ...]):
+    """Patch tokens ``(B, *grid, C)`` → flat tokens with any absolute embedding added, and the grid (a leaf for
+    torch.fx: what happens here depends on the grid size)."""
     grid = tuple(x.shape[1:-1])
     x = x.flatten(1, -2)
     if pos_embed is not None:
         x = x + resample_grid_embed(pos_embed, grid, ref_grid)
     elif sincos:
         x = x + build_sincos2d_pos_embed(list(grid), x.shape[-1], device=x.device).unsqueeze(0).to(x.dtype)
-    if rope_vo and rope is not None and rope.has_temperature(grid):
+    return x, grid
+
+
+@register_notrace_function
+def encode_positions(
+    rope: PositionEncoding | None, grid: tuple[int, ...], keep: Tensor | None, x: Tensor, vo: bool
+) -> Encoding | None:
+    """The encoding of the grid (cached; prefix rows identity), of its tokens ``keep (B, K)`` after token dropping."""
+    if rope is None:
+        return None
+    if vo and rope.has_temperature(grid):
         raise ValueError(
             f"rope_scaling='yarn' at grid {grid} scales q and k by its attention temperature, which would scale v and "
             "the output too with rope_targets turning v or o; use rope_scaling 'pi', 'ntk' or 'normalized' there"
         )
-    table = rope.table(grid, device=x.device, dtype=x.dtype) if rope is not None else None
-    return x, table, grid
+    return rope.table(grid, keep=keep, device=x.device, dtype=x.dtype)
 
 
 @register_notrace_function
@@ -199,13 +162,13 @@ def tokens_to_grid(x: Tensor, grid: tuple[int, ...]) -> Tensor:
     return x.reshape(x.shape[0], *grid, -1).movedim(-1, 1).contiguous()
 
 
-def _block_with_table(block: nn.Module, x: Tensor, cos: Tensor, sin: Tensor, cis: Tensor, layout: str) -> Tensor:
-    """A block run on a rotary table passed as its tensors (for gradient checkpointing)."""
-    return block(x, RotaryTable(cos, sin, layout, cis))
+def _block_with_tensors(block: nn.Module, x: Tensor, pos: Encoding, *tensors: Tensor | None) -> Tensor:
+    """A block run on an encoding whose tensors come as arguments (so that gradient checkpointing keeps them)."""
+    return block(x, pos.with_tensors(*tensors))
 
 
 class VisionTransformer(nn.Module):
-    """ViT with a choice of position embedding; timm's model API (forward_features/head/intermediates, ...)."""
+    """ViT with a choice of position encoding; timm's model API (forward_features/head/intermediates, ...)."""
 
     dynamic_img_size: bool = True
 
@@ -227,16 +190,17 @@ class VisionTransformer(nn.Module):
         pos_embed: str = "rope",
         rope_targets: str = "qk",
         rope_theta: float | None = None,
-        rope_layout: str = "interleaved",
+        rope_layout: str | None = None,
         rope_axis_dims: Sequence[int] | None = None,
-        rope_fraction: float = 1.0,
+        rope_fraction: float | None = None,
         rope_coords: str = "index",
         rope_scaling: str = "none",
         rope_scale: float | Sequence[float] | None = None,
         rope_shift: float | None = None,
         rope_jitter: float | None = None,
         rope_rescale: float | None = None,
-        rope_mixed_per_layer: bool = True,
+        rope_options: dict[str, Any] | None = None,
+        patch_drop_rate: float = 0.0,
         dynamic_img_pad: bool = False,
         drop_rate: float = 0.0,
         pos_drop_rate: float = 0.0,
@@ -249,17 +213,21 @@ class VisionTransformer(nn.Module):
         if pos_embed not in POS_EMBEDS:
             raise ValueError(f"pos_embed={pos_embed!r}: choose one of {POS_EMBEDS}")
         check_global_pool(global_pool, class_token)
-        if embed_dim % num_heads:
-            raise ValueError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}; choose a divisor")
-        self.num_classes = num_classes
-        self.global_pool = global_pool
+        check_sizes(embed_dim=embed_dim, depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio, reg_tokens=reg_tokens)
+        check_rates(
+            drop_rate=drop_rate,
+            pos_drop_rate=pos_drop_rate,
+            proj_drop_rate=proj_drop_rate,
+            attn_drop_rate=attn_drop_rate,
+            drop_path_rate=drop_path_rate,
+            patch_drop_rate=patch_drop_rate,
+        )
+        self.num_classes, self.global_pool, self.in_chans = num_classes, global_pool, in_chans
         self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
         self.num_prefix_tokens = int(class_token) + reg_tokens
-        self.num_reg_tokens = reg_tokens
-        self.has_class_token = class_token
+        self.num_reg_tokens, self.has_class_token = reg_tokens, class_token
         self.pos_embed_type = pos_embed
         self.grad_checkpointing = False
-        self.in_chans = in_chans
 
         self.patch_embed = self._make_patch_embed(img_size, patch_size, in_chans, embed_dim, dynamic_img_pad)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
@@ -267,43 +235,41 @@ class VisionTransformer(nn.Module):
         grid = self.patch_embed.grid_size
         # APE covers the patch grid only (no embedding for prefix tokens), as DeiT-III, so it resamples cleanly
         self.pos_embed = nn.Parameter(torch.randn(1, math.prod(grid), embed_dim) * 0.02) if "ape" in pos_embed else None
+        self.patch_drop = PatchDropoutWithIndices(patch_drop_rate, self.num_prefix_tokens)
         self.pos_drop = nn.Dropout(pos_drop_rate)
 
-        head_dim = embed_dim // num_heads
-        self.rope: RotaryEmbedding | None = None
-        self.rope_per_layer = pos_embed == "rope_mixed" and rope_mixed_per_layer
-        self.rope_vo = False
-        if pos_embed.startswith("rope"):
-            try:
-                self.rope = RotaryEmbedding(
-                    head_dim,
-                    axes=len(grid),
-                    theta=rope_theta,
-                    layout=rope_layout,
-                    axis_dims=rope_axis_dims,
-                    rotate_fraction=rope_fraction,
-                    freqs="mixed" if pos_embed == "rope_mixed" else "axial",
-                    num_heads=num_heads,
-                    depth=depth if self.rope_per_layer else None,
-                    num_prefix_tokens=self.num_prefix_tokens,
-                    coords=rope_coords,
-                    scaling=rope_scaling,
-                    scale=rope_scale,
-                    ref_grid=grid,
-                    shift=rope_shift,
-                    jitter=rope_jitter,
-                    rescale=rope_rescale,
-                )
-            except ValueError as e:
-                # the layer names its arguments without the model's "rope_" prefix; say so, and where the head dim
-                # is what does not fit, where that comes from
-                about_dim = re.search(r"\b(dim|axis_dims)=", str(e)) is not None
-                hint = f"; head_dim={head_dim} is embed_dim {embed_dim} / {num_heads} heads" if about_dim else ""
-                raise ValueError(f"RoPE over {len(grid)} axes: {e} (the model's rope_<name> sets <name>){hint}") from e
-            # VO-RoPE needs pure rotations (checked against the scaling at each grid in embed_positions)
-            self.rope_vo = any(c in parse_rope_targets(rope_targets) for c in "vo")
-        elif rope_targets not in ("qk", "none"):
+        targets = parse_rope_targets(rope_targets)
+        family = family_of(pos_embed)
+        self.rope: PositionEncoding | None = None
+        if family is not None:
+            options = dict(
+                theta=rope_theta,
+                layout=rope_layout,
+                axis_dims=rope_axis_dims,
+                rotate_fraction=rope_fraction,
+                **(rope_options or {}),
+            )
+            self.rope = self._make_position_encoding(
+                family,
+                embed_dim // num_heads,
+                len(grid),
+                num_heads=num_heads,
+                depth=depth,
+                num_prefix_tokens=self.num_prefix_tokens,
+                coords=rope_coords,
+                scaling=rope_scaling,
+                scale=rope_scale,
+                ref_grid=grid,
+                shift=rope_shift,
+                jitter=rope_jitter,
+                rescale=rope_rescale,
+                **options,
+            )
+        elif targets not in ("qk", ""):
             raise ValueError(f"rope_targets={rope_targets!r} needs a RoPE pos_embed, not {pos_embed!r}")
+        if self.rope is not None and not self.rope.family.rotary and targets != "qk":
+            raise ValueError(f"rope_targets={rope_targets!r}: {pos_embed!r} is an attention bias and turns nothing")
+        self.rope_vo = self.rope is not None and any(c in targets for c in "vo")  # VO-RoPE needs pure rotations
 
         dpr = torch.linspace(0, drop_path_rate, depth).tolist()
         self.blocks = nn.ModuleList(
@@ -340,6 +306,23 @@ class VisionTransformer(nn.Module):
             dynamic_img_pad=dynamic_img_pad,
         )
 
+    def _make_position_encoding(self, family: str, head_dim: int, axes: int, **kwargs) -> PositionEncoding:
+        try:
+            return PositionEncoding(head_dim, axes, family, **kwargs)
+        except ValueError as e:
+            # the layer names its arguments without the model's "rope_" prefix: say so, and where the head dim is what
+            # does not fit, where that comes from
+            about_dim = re.search(r"\b(dim|axis_dims|block_size|directions)=", str(e)) is not None
+            hint = (
+                f"; head_dim={head_dim} is embed_dim {self.embed_dim} / {kwargs['num_heads']} heads"
+                if about_dim
+                else ""
+            )
+            raise ValueError(
+                f"{family} position encoding over {axes} axes: {e} (the model's rope_<name> or rope_options sets "
+                f"<name>){hint}"
+            ) from e
+
     def _reduction(self) -> int:
         return max(self.patch_embed.patch_size)
 
@@ -354,7 +337,10 @@ class VisionTransformer(nn.Module):
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
-        return {"cls_token", "reg_token", "pos_embed", "rope.freqs"}
+        """Tokens, the absolute embedding and every learned position parameter (as the papers train them)."""
+        return {"cls_token", "reg_token", "pos_embed"} | {
+            n for n, _ in self.named_parameters() if n.startswith("rope.")
+        }
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
@@ -379,7 +365,7 @@ class VisionTransformer(nn.Module):
         self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
 
     def set_input_size(self, img_size=None, patch_size=None) -> None:
-        """Change the nominal input size (and patch size): APE and the RoPE reference grid follow."""
+        """Change the nominal input size (and patch size): APE and the position encoding's reference grid follow."""
         prev_grid = self.patch_embed.grid_size
         self.patch_embed.set_input_size(img_size=img_size, patch_size=patch_size)
         grid = self.patch_embed.grid_size
@@ -387,46 +373,59 @@ class VisionTransformer(nn.Module):
             # the same resampling as a forward pass at that size, so that outputs there do not change
             self.pos_embed = nn.Parameter(resample_grid_embed(self.pos_embed.detach(), grid, prev_grid))
         if self.rope is not None:
-            self.rope.ref_grid = tuple(grid)
-            self.rope.clear_cache()
+            self.rope.set_ref_grid(grid)
         for info in self.feature_info:
             info["reduction"] = self._reduction()
 
+    # --------------------------------------------------------------------------------------- extrapolation
+    def rope_scaling_modes(self) -> tuple[str, ...]:
+        """The extrapolation modes this model's position encoding takes (none without one); VO-RoPE skips YaRN,
+        whose temperature is for q·k."""
+        if self.rope is None:
+            return ()
+        return tuple(m for m in self.rope.scaling_modes if not (self.rope_vo and m == "yarn"))
+
+    def set_rope_scaling(self, mode: str) -> None:
+        """Evaluate at other resolutions under extrapolation mode ``mode`` (one of :meth:`rope_scaling_modes`)."""
+        if mode not in self.rope_scaling_modes():
+            raise ValueError(
+                f"rope_scaling={mode!r}: this model ({self.pos_embed_type}) takes "
+                f"{self.rope_scaling_modes() or 'none: it has no relative position encoding'}"
+            )
+        self.rope.set_scaling(mode)
+
     # -------------------------------------------------------------------------------------------- forward
     def _check_input(self, x: Tensor) -> None:
-        check_image_input(x, self.in_chans, self.patch_embed.patch_size, self.patch_embed.dynamic_img_pad)
+        pe = self.patch_embed
+        check_image_input(x, self.in_chans, pe.patch_size, pe.dynamic_img_pad, pe.proj.weight.dtype)
 
-    def embed(self, x: Tensor) -> tuple[Tensor, RotaryTable | None, tuple[int, ...]]:
-        """Patchify, add absolute embeddings, prepend prefix tokens; also return the rotary table and the grid."""
+    def embed(self, x: Tensor) -> tuple[Tensor, Encoding | None, tuple[int, ...]]:
+        """Patchify, add absolute embeddings, prepend prefix tokens, drop tokens (training, ``patch_drop_rate``);
+        also return the encoding of the tokens kept, and the grid."""
         self._check_input(x)
-        x = self.patch_embed(x)
-        x, rope, grid = embed_positions(
-            x,
-            self.pos_embed,
-            self.pos_embed_type == "sincos",
-            self.rope,
-            tuple(self.patch_embed.grid_size),
-            self.rope_vo,
+        x, grid = absolute_positions(
+            self.patch_embed(x), self.pos_embed, self.pos_embed_type == "sincos", tuple(self.patch_embed.grid_size)
         )
         prefix = [t.expand(x.shape[0], -1, -1) for t in (self.cls_token, self.reg_token) if t is not None]
         if prefix:
             x = torch.cat([*prefix, x], dim=1)
-        return self.pos_drop(x), rope, grid
+        x, keep = self.patch_drop(x)  # keep: (B, K) patch indices, None when nothing is dropped
+        return self.pos_drop(x), encode_positions(self.rope, grid, keep, x, self.rope_vo), grid
 
-    def _run_block(self, i: int, x: Tensor, rope: RotaryTable | None) -> Tensor:
-        table = rope.layer(i) if self.rope_per_layer else rope
-        if self.grad_checkpointing and not torch.jit.is_scripting():
-            if not isinstance(table, RotaryTable) or not table.cos.requires_grad:  # None, or traced by torch.fx
-                return checkpoint(self.blocks[i], x, table)
-            # a learned table goes in as tensors: a reentrant checkpoint detaches tensor arguments and hands their
-            # gradients back once a block, where it would otherwise run backward through the table's graph each time
-            return checkpoint(_block_with_table, self.blocks[i], x, table.cos, table.sin, table.cis, table.layout)
-        return self.blocks[i](x, table)
+    def _run_block(self, i: int, x: Tensor, pos: Encoding | None) -> Tensor:
+        pos = pos.layer(i) if pos is not None else None
+        if not self.grad_checkpointing or torch.jit.is_scripting():
+            return self.blocks[i](x, pos)
+        if not isinstance(pos, Encoding):  # no encoding, or a torch.fx proxy
+            return checkpoint(self.blocks[i], x, pos)
+        # the encoding's tensors go in as arguments: a reentrant checkpoint detaches tensor arguments and hands their
+        # gradients back once a block, where it would otherwise run backward through a learned table's graph each time
+        return checkpoint(_block_with_tensors, self.blocks[i], x, pos, *pos.tensors())
 
     def forward_features(self, x: Tensor) -> Tensor:
-        x, rope, _ = self.embed(x)
+        x, pos, _ = self.embed(x)
         for i in range(len(self.blocks)):
-            x = self._run_block(i, x, rope)
+            x = self._run_block(i, x, pos)
         return self.norm(x)
 
     def pool(self, x: Tensor, pool_type: str | None = None) -> Tensor:
@@ -461,11 +460,11 @@ class VisionTransformer(nn.Module):
         if output_fmt not in ("NCHW", "NLC"):
             raise ValueError(f"output_fmt={output_fmt!r}: choose 'NCHW' or 'NLC'")
         take_indices, max_index = feature_take_indices(len(self.blocks), indices)
-        x, rope, grid = self.embed(x)
+        x, pos, grid = self.embed(x)
         last = max_index if stop_early else len(self.blocks) - 1
         intermediates = []
         for i in range(last + 1):
-            x = self._run_block(i, x, rope)
+            x = self._run_block(i, x, pos)
             if i in take_indices:
                 intermediates.append(self.norm(x) if norm else x)
         prefix = [y[:, : self.num_prefix_tokens] for y in intermediates]
@@ -483,9 +482,8 @@ class VisionTransformer(nn.Module):
     ) -> list[int]:
         take_indices, max_index = feature_take_indices(len(self.blocks), indices)
         self.blocks = self.blocks[: max_index + 1]
-        if self.rope is not None and self.rope_per_layer:
-            self.rope.freqs = nn.Parameter(self.rope.freqs[: max_index + 1].detach().clone())
-            self.rope.depth = max_index + 1
+        if self.rope is not None:
+            self.rope.family.prune_layers(max_index + 1)
         if prune_norm:
             self.norm = nn.Identity()
         if prune_head:
@@ -493,66 +491,26 @@ class VisionTransformer(nn.Module):
         return take_indices
 
 
-# --------------------------------------------------------------------------------------------------- weights
-def unwrap_state_dict(state_dict: dict) -> dict:
-    """The weights inside a training checkpoint (EMA weights first), or the dict itself."""
-    for key in ("model_ema", "state_dict_ema", "model", "state_dict"):
-        if key in state_dict and isinstance(state_dict[key], dict):
-            return state_dict[key]
-    return state_dict
+def check_sizes(**sizes: float) -> None:
+    """Model sizes that must be positive (register tokens: at least 0): one clear error naming the argument."""
+    for name, value in sizes.items():
+        low = 0 if name == "reg_tokens" else 1
+        if not value >= low or (name != "mlp_ratio" and value != int(value)):
+            raise ValueError(f"{name}={value} must be {'an integer ' if name != 'mlp_ratio' else ''}>= {low}")
+    if sizes["embed_dim"] % sizes["num_heads"]:
+        raise ValueError(
+            f"embed_dim={sizes['embed_dim']} is not divisible by num_heads={sizes['num_heads']}; choose a divisor"
+        )
 
 
-def checkpoint_filter_fn(state_dict: dict[str, Tensor], model: VisionTransformer) -> dict[str, Tensor]:
-    """Adapt a checkpoint to ``model``: ours at any size/class count, timm's DeiT-III and RoPE ViTs (Eva).
-
-    * timm Eva names ``gamma_1/2`` → ``ls1/2.gamma``; Eva's mixed frequencies ``(2=(x, y), depth, heads, P)`` →
-      ours ``(depth, heads, axes=(row, col), P)``;
-    * APE resampled bicubically to the model's grid (rows of prefix tokens, as classic and register ViTs keep, dropped);
-    * patch embedding resampled to another patch size, and adapted to another ``in_chans`` (timm's rule);
-    * a classifier of another size, or parameters the model lacks, are left to the model's own initialisation.
-    """
-    from timm.layers import resample_patch_embed
-    from timm.models import adapt_input_conv
-
-    state_dict = unwrap_state_dict(state_dict)
-    own = model.state_dict()
-    out: dict[str, Tensor] = {}
-    for k, v in state_dict.items():
-        k = k.replace("gamma_1", "ls1.gamma").replace("gamma_2", "ls2.gamma")
-        if k == "rope.freqs" and k in own and v.shape != own[k].shape and v.ndim == 4 and v.shape[0] == 2:
-            v = torch.stack((v[1], v[0]), dim=2)  # (x, y) → grid order (row, col)
-        elif k == "pos_embed" and k in own and v.shape != own[k].shape:
-            grid = list(model.patch_embed.grid_size)
-            v, src = checkpoint_embed_grid(v, checkpoint_prefix_slots(state_dict), grid)
-            v = resample_grid_embed(v, grid, src)
-        elif k == "patch_embed.proj.weight" and k in own and v.shape != own[k].shape:
-            if v.ndim == 4 and v.shape[-2:] != own[k].shape[-2:]:
-                v = resample_patch_embed(v, list(own[k].shape[-2:]))
-            if v.shape[1] != own[k].shape[1]:
-                if v.shape[1] != 3:
-                    raise ValueError(
-                        f"the checkpoint's patch embedding takes in_chans={v.shape[1]}, the model "
-                        f"in_chans={own[k].shape[1]}; only 3-channel weights are adapted (timm's rule): create the "
-                        f"model with in_chans={v.shape[1]}"
-                    )
-                kernel = v.shape[2:]  # timm's adaptation from RGB: summed for one channel, tiled and rescaled for more
-                v = adapt_input_conv(own[k].shape[1], v.flatten(2, -2)).unflatten(2, kernel[:-1])
-        if k not in own:
-            continue
-        if v.shape != own[k].shape:
-            if k.startswith("head."):
-                continue  # another class count: keep the model's fresh classifier
-            raise ValueError(
-                f"checkpoint tensor {k} has shape {tuple(v.shape)} but the model expects {tuple(own[k].shape)}; "
-                "create the model with the checkpoint's embed_dim/depth/num_heads"
-            )
-        out[k] = v
-    for k, v in own.items():  # what the checkpoint lacks (another pos_embed type, a new head) keeps its init
-        if k not in out and (k.startswith("head.") or k in ("pos_embed", "rope.freqs", "reg_token")):
-            out[k] = v
-    return out
+def check_rates(**rates: float) -> None:
+    """Dropout-like rates must lie in [0, 1): one clear error naming the argument."""
+    for name, value in rates.items():
+        if not 0.0 <= value < 1.0:
+            raise ValueError(f"{name}={value} must be in [0, 1)")
 
 
+# --------------------------------------------------------------------------------------------- registry
 def _cfg(hub: str | None = None, **kwargs) -> dict[str, Any]:
     return dict(
         url="",
@@ -572,30 +530,19 @@ def _cfg(hub: str | None = None, **kwargs) -> dict[str, Any]:
     )
 
 
-# Weights published for timm's own models of the same architecture load into ours (checkpoint_filter_fn).
-default_cfgs = generate_default_cfgs(
-    {
-        "vit_rope_tiny": _cfg(),
-        "vit_rope_small.naver_in1k": _cfg("timm/vit_small_patch16_rope_224.naver_in1k"),
-        "vit_rope_base.naver_in1k": _cfg("timm/vit_base_patch16_rope_224.naver_in1k"),
-        "vit_rope_large.naver_in1k": _cfg("timm/vit_large_patch16_rope_224.naver_in1k"),
-        "vit_rope_mixed_tiny": _cfg(),
-        "vit_rope_mixed_small.naver_in1k": _cfg("timm/vit_small_patch16_rope_mixed_224.naver_in1k"),
-        "vit_rope_mixed_base.naver_in1k": _cfg("timm/vit_base_patch16_rope_mixed_224.naver_in1k"),
-        "vit_rope_mixed_large.naver_in1k": _cfg("timm/vit_large_patch16_rope_mixed_224.naver_in1k"),
-        "vit_ape_tiny": _cfg(),
-        "vit_ape_small.fb_in1k": _cfg("timm/deit3_small_patch16_224.fb_in1k"),
-        "vit_ape_base.fb_in1k": _cfg("timm/deit3_base_patch16_224.fb_in1k"),
-        "vit_ape_large.fb_in1k": _cfg("timm/deit3_large_patch16_224.fb_in1k"),
-    }
-)
-
 SIZES = {
     "tiny": dict(embed_dim=192, depth=12, num_heads=3),
     "small": dict(embed_dim=384, depth=12, num_heads=6),
     "base": dict(embed_dim=768, depth=12, num_heads=12),
     "large": dict(embed_dim=1024, depth=24, num_heads=16),
 }
+# weights published for timm's own models of the same architecture load into ours (checkpoint_filter_fn)
+PUBLISHED = {
+    "rope": ("naver_in1k", "vit_{size}_patch16_rope_224"),
+    "rope_mixed": ("naver_in1k", "vit_{size}_patch16_rope_mixed_224"),
+    "ape": ("fb_in1k", "deit3_{size}_patch16_224"),
+}
+MODELS = {"ape": "ape", **{f.model_name: f.name for f in FAMILIES.values() if f.model_name}}  # model name → kind
 
 
 def _create(variant: str, pretrained: bool, size: str, kind: str, **kwargs) -> VisionTransformer:
@@ -610,73 +557,28 @@ def _create(variant: str, pretrained: bool, size: str, kind: str, **kwargs) -> V
     )
 
 
-@register_model
-def vit_rope_tiny(pretrained: bool = False, **kwargs) -> VisionTransformer:
-    """ViT-Ti/16 with axial RoPE (theta 100)."""
-    return _create("vit_rope_tiny", pretrained, "tiny", "rope", **kwargs)
+def _register(model: str, size: str) -> None:
+    """Register ``vit_<model>_<size>`` in timm (a function per name, as timm's registry wants)."""
+    variant = f"vit_{model}_{size}"
+
+    def create(pretrained: bool = False, **kwargs) -> VisionTransformer:
+        return _create(variant, pretrained, size, model, **kwargs)
+
+    kind = MODELS[model]
+    what = "learned absolute embedding" if kind == "ape" else FAMILIES[kind].__doc__.splitlines()[0].rstrip(".")
+    create.__name__ = create.__qualname__ = variant
+    create.__doc__ = f"ViT-{size} /16 on the DeiT-III trunk, {what}."
+    register_model(create)
 
 
-@register_model
-def vit_rope_small(pretrained: bool = False, **kwargs) -> VisionTransformer:
-    """ViT-S/16 with axial RoPE (theta 100); weights of timm's vit_small_patch16_rope_224 (RoPE-ViT, Naver)."""
-    return _create("vit_rope_small", pretrained, "small", "rope", **kwargs)
-
-
-@register_model
-def vit_rope_base(pretrained: bool = False, **kwargs) -> VisionTransformer:
-    """ViT-B/16 with axial RoPE (theta 100); weights of timm's vit_base_patch16_rope_224."""
-    return _create("vit_rope_base", pretrained, "base", "rope", **kwargs)
-
-
-@register_model
-def vit_rope_large(pretrained: bool = False, **kwargs) -> VisionTransformer:
-    """ViT-L/16 with axial RoPE (theta 100); weights of timm's vit_large_patch16_rope_224."""
-    return _create("vit_rope_large", pretrained, "large", "rope", **kwargs)
-
-
-@register_model
-def vit_rope_mixed_tiny(pretrained: bool = False, **kwargs) -> VisionTransformer:
-    """ViT-Ti/16 with RoPE-Mixed (learned frequencies per layer and head)."""
-    return _create("vit_rope_mixed_tiny", pretrained, "tiny", "rope_mixed", **kwargs)
-
-
-@register_model
-def vit_rope_mixed_small(pretrained: bool = False, **kwargs) -> VisionTransformer:
-    """ViT-S/16 with RoPE-Mixed; weights of timm's vit_small_patch16_rope_mixed_224."""
-    return _create("vit_rope_mixed_small", pretrained, "small", "rope_mixed", **kwargs)
-
-
-@register_model
-def vit_rope_mixed_base(pretrained: bool = False, **kwargs) -> VisionTransformer:
-    """ViT-B/16 with RoPE-Mixed; weights of timm's vit_base_patch16_rope_mixed_224."""
-    return _create("vit_rope_mixed_base", pretrained, "base", "rope_mixed", **kwargs)
-
-
-@register_model
-def vit_rope_mixed_large(pretrained: bool = False, **kwargs) -> VisionTransformer:
-    """ViT-L/16 with RoPE-Mixed; weights of timm's vit_large_patch16_rope_mixed_224."""
-    return _create("vit_rope_mixed_large", pretrained, "large", "rope_mixed", **kwargs)
-
-
-@register_model
-def vit_ape_tiny(pretrained: bool = False, **kwargs) -> VisionTransformer:
-    """ViT-Ti/16 with a learned absolute embedding: the APE baseline on the same trunk."""
-    return _create("vit_ape_tiny", pretrained, "tiny", "ape", **kwargs)
-
-
-@register_model
-def vit_ape_small(pretrained: bool = False, **kwargs) -> VisionTransformer:
-    """ViT-S/16 with learned APE; weights of timm's deit3_small_patch16_224 (DeiT-III)."""
-    return _create("vit_ape_small", pretrained, "small", "ape", **kwargs)
-
-
-@register_model
-def vit_ape_base(pretrained: bool = False, **kwargs) -> VisionTransformer:
-    """ViT-B/16 with learned APE; weights of timm's deit3_base_patch16_224."""
-    return _create("vit_ape_base", pretrained, "base", "ape", **kwargs)
-
-
-@register_model
-def vit_ape_large(pretrained: bool = False, **kwargs) -> VisionTransformer:
-    """ViT-L/16 with learned APE; weights of timm's deit3_large_patch16_224."""
-    return _create("vit_ape_large", pretrained, "large", "ape", **kwargs)
+_VARIANTS = [(m, s) for m in MODELS for s in SIZES if s != "large" or m in PUBLISHED]
+default_cfgs = generate_default_cfgs(
+    {
+        (f"vit_{m}_{s}.{PUBLISHED[m][0]}" if m in PUBLISHED and s != "tiny" else f"vit_{m}_{s}"): _cfg(
+            f"timm/{PUBLISHED[m][1].format(size=s)}.{PUBLISHED[m][0]}" if m in PUBLISHED and s != "tiny" else None
+        )
+        for m, s in _VARIANTS
+    }
+)
+for _model, _size in _VARIANTS:
+    _register(_model, _size)

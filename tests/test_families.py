@@ -1,0 +1,229 @@
+"""The position-encoding families against independent references, in float64 with random (not initial) parameters:
+exact relativity where the generators commute, norms, each family reduced to axial RoPE by the parameters that make
+it so, LookHere's bias against a double loop over token pairs, and token dropping."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vit_rope import FAMILIES, PositionEncoding, RotaryEmbedding
+
+F64 = torch.float64
+DIM, HEADS = 24, 2  # 24 channels split into 3 axes of 8, 2 axes of 12, blocks of 8 and 6 spiral directions alike
+ROTARY = sorted(n for n, f in FAMILIES.items() if f.rotary)
+COMMUTING = [n for n in ROTARY if n != "liere"]  # LieRE's generators need not commute
+
+
+def randomized(encoding, scale=0.3):
+    """``encoding`` in float64, every learned parameter drawn at random (the properties must not rest on an init)."""
+    torch.manual_seed(1)
+    encoding = encoding.double()
+    with torch.no_grad():
+        for p in encoding.parameters():
+            p.copy_(torch.randn_like(p) * scale)
+    return encoding
+
+
+def rope(name, axes, **kwargs):
+    return randomized(RotaryEmbedding(DIM, axes=axes, freqs=name, num_heads=HEADS, **kwargs))
+
+
+def coordinates(axes, n):
+    return st.lists(
+        st.lists(st.floats(-20, 20, allow_nan=False, width=32), min_size=axes, max_size=axes), min_size=n, max_size=n
+    )
+
+
+# ------------------------------------------------------------------------------------------------ properties
+@settings(max_examples=24, deadline=None)
+@given(name=st.sampled_from(COMMUTING), axes=st.sampled_from([2, 3]), data=st.data())
+def test_commuting_families_are_exactly_relative(name, axes, data):
+    """<R(a) q, R(b) k> is unchanged when every position moves by the same vector."""
+    layer = rope(name, axes)
+    pos = torch.tensor(data.draw(coordinates(axes, 5)), dtype=F64)
+    shift = torch.tensor(data.draw(coordinates(axes, 1)), dtype=F64)
+    q, k = torch.randn(2, 1, HEADS, 5, DIM, dtype=F64, generator=torch.Generator().manual_seed(0))
+
+    def scores(p):
+        return layer(q, positions=p) @ layer(k, positions=p).mT
+
+    torch.testing.assert_close(scores(pos + shift), scores(pos), rtol=0, atol=1e-9)
+
+
+def test_the_relative_property_test_can_fail():
+    """LieRE's generators do not commute: the same shift moves its scores (so the test above has teeth)."""
+    layer = rope("liere", 2, block_size=DIM)
+    pos = torch.randn(5, 2, dtype=F64) * 3
+    q, k = torch.randn(2, 1, HEADS, 5, DIM, dtype=F64)
+
+    def scores(p):
+        return layer(q, positions=p) @ layer(k, positions=p).mT
+
+    assert (scores(pos + 2.5) - scores(pos)).abs().max() > 1e-3
+
+
+@settings(max_examples=24, deadline=None)
+@given(name=st.sampled_from(ROTARY), axes=st.sampled_from([2, 3]), data=st.data(), inverse=st.booleans())
+def test_every_family_preserves_norms_and_turns_back(name, axes, data, inverse):
+    layer = rope(name, axes)
+    pos = torch.tensor(data.draw(coordinates(axes, 4)), dtype=F64)
+    x = torch.randn(3, HEADS, 4, DIM, dtype=F64)
+    y = layer(x, positions=pos, inverse=inverse)
+    torch.testing.assert_close(y.norm(dim=-1), x.norm(dim=-1), rtol=1e-12, atol=0)
+    torch.testing.assert_close(layer(y, positions=pos, inverse=not inverse), x, rtol=0, atol=1e-10)
+    assert pos.abs().max() < 0.5 or not torch.allclose(y, x)  # it does turn
+
+
+# ------------------------------------------------------------------------------------- reductions to axial
+def axial(axes=2):
+    return RotaryEmbedding(DIM, axes=axes).double()
+
+
+def test_spiral_with_two_directions_is_axial():
+    x, grid = torch.randn(2, 6, 20, DIM, dtype=F64), (4, 5)
+    spiral = RotaryEmbedding(DIM, axes=2, freqs="spiral", directions=2).double()
+    torch.testing.assert_close(spiral(x, grid=grid), axial()(x, grid=grid), rtol=0, atol=1e-12)
+
+
+def test_spiral_directions_and_frequencies_follow_the_paper():
+    """K = 4 over 16 plane channels: directions 0°, 45°, 90°, 135°; pairs (0°, 90°) and (45°, 135°) share
+    frequency chunks dealt round-robin from axial's ladder (the paper's Eq. 13: 0° and 90° get 0, 1, 4, 5 of
+    8 when d/4 = 8)."""
+    layer = RotaryEmbedding(32, axes=2, freqs="spiral", directions=4).double()
+    F = layer.family.frequency_matrix()  # (axes = (row, col), pairs)
+    ladder = 100.0 ** (-torch.arange(8, dtype=F64) * 4 / 32)
+    groups = F.view(2, 4, 4)  # (axes, direction, pair)
+    magnitude = groups.norm(dim=0)
+    for k, chunks in enumerate([[0, 1, 4, 5], [2, 3, 6, 7], [0, 1, 4, 5], [2, 3, 6, 7]]):
+        torch.testing.assert_close(magnitude[k], ladder[chunks])
+        angle = torch.atan2(groups[0, k], groups[1, k])  # (y = row, x = col)
+        torch.testing.assert_close(angle, torch.full_like(angle, k * math.pi / 4))
+
+
+def test_string_with_identity_basis_is_axial_and_its_basis_is_orthogonal():
+    string = RotaryEmbedding(DIM, axes=2, freqs="string", num_heads=HEADS).double()  # S = 0 at init
+    with torch.no_grad():  # its frequencies start as axial's ladder, rounded to float32: here exactly
+        string.family.frequencies.copy_(axial().family.frequency_matrix().sum(0).expand_as(string.family.frequencies))
+    x, grid = torch.randn(2, HEADS, 20, DIM, dtype=F64), (4, 5)
+    torch.testing.assert_close(string(x, grid=grid), axial()(x, grid=grid), rtol=0, atol=1e-12)
+    P = randomized(string).family.basis()
+    torch.testing.assert_close(P.mT @ P, torch.eye(DIM, dtype=F64).expand_as(P), rtol=0, atol=1e-12)
+    assert not torch.allclose(P, torch.eye(DIM, dtype=F64))
+
+
+def test_string_is_the_basis_change_around_its_inner_rope():
+    """R(p) = Pᵀ RoPE(p) P, P applied first (the other order would cancel in q·k and leave plain RoPE)."""
+    string = rope("string", 2)
+    x, grid = torch.randn(1, HEADS, 20, DIM, dtype=F64), (4, 5)
+    P = string.family.basis()
+    inner = RotaryEmbedding(DIM, axes=2).double()
+    with torch.no_grad():
+        string.family.frequencies.copy_(inner.family.frequency_matrix().sum(0).expand_as(string.family.frequencies))
+    expected = inner(x @ P.mT, grid=grid) @ P
+    torch.testing.assert_close(string(x, grid=grid), expected, rtol=0, atol=1e-12)
+
+
+def test_comrope_ld_reduces_to_axial():
+    """2×2 blocks with P - Pᵀ = J (a quarter turn) and θ = axial's frequency matrix."""
+    ld = RotaryEmbedding(DIM, axes=2, freqs="comrope_ld", num_heads=HEADS, block_size=2).double()
+    with torch.no_grad():
+        ld.family.generators.zero_()[..., 1, 0] = 1.0
+        ld.family.mix.copy_(axial().family.frequency_matrix().expand_as(ld.family.mix))
+    x, grid = torch.randn(2, HEADS, 20, DIM, dtype=F64), (4, 5)
+    torch.testing.assert_close(ld(x, grid=grid), axial()(x, grid=grid), rtol=0, atol=1e-12)
+
+
+def test_comrope_ap_reduces_to_axial_up_to_its_block_order():
+    """AP gives block j to axis j mod 2 (row, col, row, ...); with 2×2 blocks turning at axial's frequencies it is
+    axial RoPE with its channel pairs reordered."""
+    ap = RotaryEmbedding(DIM, axes=2, freqs="comrope_ap", num_heads=HEADS, block_size=2).double()
+    quarter = DIM // 4
+    # axial pair of each AP block: odd blocks take the column pairs in order, even blocks the row pairs
+    pair = [quarter + j // 2 if j % 2 == 0 else j // 2 for j in range(DIM // 2)]
+    ladder = axial().family.frequency_matrix().sum(0)  # frequency of each axial pair
+    with torch.no_grad():
+        ap.family.generators.zero_()[..., 1, 0] = ladder[pair]
+    channels = torch.tensor([[2 * p, 2 * p + 1] for p in pair]).flatten()
+    x, grid = torch.randn(2, HEADS, 20, DIM, dtype=F64), (4, 5)
+    torch.testing.assert_close(
+        ap(x[..., channels], grid=grid), axial()(x, grid=grid)[..., channels], rtol=0, atol=1e-12
+    )
+
+
+def test_liere_reduces_to_axial():
+    """4×4 blocks whose generators carry axial's frequencies on their 2×2 diagonal (LieRE's skew form turns by -a)."""
+    liere = RotaryEmbedding(DIM, axes=2, freqs="liere", num_heads=HEADS, block_size=4).double()
+    F = axial().family.frequency_matrix()  # (axes, pairs)
+    with torch.no_grad():
+        g = liere.family.generators.zero_()  # (heads, axes, blocks, 4, 4)
+        g[..., 0, 1] = -F[:, 0::2]
+        g[..., 2, 3] = -F[:, 1::2]
+    x, grid = torch.randn(2, HEADS, 20, DIM, dtype=F64), (4, 5)
+    torch.testing.assert_close(liere(x, grid=grid), axial()(x, grid=grid), rtol=0, atol=1e-12)
+
+
+# ------------------------------------------------------------------------------------------------- LookHere
+CENTRES = [0, 180, 90, 270, 45, 225, 135, 315]  # the head order: any first few spread evenly
+
+
+@pytest.mark.parametrize("fov", [180, 90, 45])
+def test_lookhere_bias_equals_a_double_loop(fov):
+    """Field of view (angle to the head's direction at most fov/2, boundaries included; a token sees itself),
+    Euclidean distance penalty with slope 1.5 → 0.5 over layers, 1 for directed heads and 1/2, 1/8, ... for the
+    undirected, prefix rows and columns free."""
+    heads, depth, (H, W) = 12, 3, (4, 5)
+    enc = PositionEncoding(16, 2, "lookhere", num_heads=heads, depth=depth, num_prefix_tokens=1, fov=fov)
+    table = enc.table((H, W), dtype=F64)
+    for layer, s_layer in enumerate([1.5, 1.0, 0.5]):
+        bias = table.layer(layer).bias
+        expected = torch.zeros_like(bias)
+        for h in range(heads):
+            slope = s_layer * (1.0 if h < 8 else 2.0 ** -(2 * (h - 8) + 1))
+            centre = CENTRES[h % 8] + (22.5 if fov == 45 else 0.0)
+            for i in range(H * W):
+                for j in range(H * W):
+                    (ri, ci), (rj, cj) = divmod(i, W), divmod(j, W)
+                    dx, dy = cj - ci, -(rj - ri)  # y up: a smaller row is "up"
+                    turn = (math.degrees(math.atan2(dy, dx)) - centre + 180) % 360 - 180
+                    visible = h >= 8 or i == j or abs(turn) <= fov / 2 + 1e-9
+                    expected[h, 1 + i, 1 + j] = -slope * math.hypot(dx, dy) if visible else -math.inf
+        torch.testing.assert_close(bias, expected, rtol=0, atol=1e-12)
+
+
+def test_lookhere_worked_example_of_the_paper():
+    """3×3 grid, the centre query, the head looking right with a 90° field of view, first of 12 layers: it sees itself,
+    the token to its right (penalty 1.5) and the two right corners on the ±45° boundary (1.5·√2)."""
+    enc = PositionEncoding(16, 2, "lookhere", num_heads=12, depth=12, fov=90)
+    bias = enc.table((3, 3), dtype=F64).layer(0).bias[0, 4]  # head 0 looks right; token 4 is the centre
+    s2 = 1.5 * math.sqrt(2)
+    want = torch.tensor([-math.inf, -math.inf, -s2, -math.inf, 0, -1.5, -math.inf, -math.inf, -s2], dtype=F64)
+    torch.testing.assert_close(bias, want)
+
+
+def test_lookhere_bias_is_built_once_per_grid():
+    enc = PositionEncoding(16, 2, "lookhere", num_heads=3, depth=2).eval()
+    assert enc.table((4, 4)) is enc.table((4, 4))
+    assert enc.table((4, 4)).bias.shape == (3, 16, 16)  # one (heads, N, N) bias, scaled per layer
+
+
+# ---------------------------------------------------------------------------------------------- token dropping
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_kept_tokens_keep_their_positions(name):
+    """The encoding of each sample's kept tokens equals the full grid's, gathered (rotating the whole sequence and
+    gathering gives the rotated kept tokens)."""
+    enc = randomized(PositionEncoding(DIM, 2, name, num_heads=HEADS, num_prefix_tokens=1))
+    grid, B, K = (4, 5), 3, 7
+    keep = torch.stack([torch.randperm(20)[:K] for _ in range(B)])  # (B, K) patch indices, as timm's PatchDropout
+    rows = torch.cat((torch.zeros(B, 1, dtype=torch.long), keep + 1), dim=1)  # the prefix token stays first
+    full, part = enc.table(grid, dtype=F64), enc.table(grid, keep=keep, dtype=F64)
+    if not FAMILIES[name].rotary:
+        gathered = torch.stack([full.bias[:, r][:, :, r] for r in rows])
+        torch.testing.assert_close(part.bias, gathered, rtol=0, atol=0)
+        return
+    x = torch.randn(B, HEADS, 21, DIM, dtype=F64)
+    turned = enc(x, grid=grid)
+    pick = rows[:, None, :, None].expand(B, HEADS, K + 1, DIM)
+    torch.testing.assert_close(part.rotate(x.gather(2, pick)), turned.gather(2, pick), rtol=0, atol=1e-12)

@@ -1,0 +1,179 @@
+"""Loading weights into the models: timm's checkpoints and ours, at any size, patch size or channel count.
+
+Checkpoints never hold RoPE tables, so they load at any resolution. An absolute embedding is resampled where its grid
+follows from its length; the patch kernel is resampled to another patch size and adapted from RGB to another
+``in_chans`` by timm's rule; image checkpoints inflate into video models.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from timm.layers import resample_abs_pos_embed, resample_patch_embed
+from timm.models import adapt_input_conv
+from torch import Tensor, nn
+
+__all__ = ["checkpoint_filter_fn", "inflate_image_checkpoint", "resample_grid_embed", "unwrap_state_dict"]
+
+
+def unwrap_state_dict(state_dict: dict) -> dict:
+    """The weights inside a training checkpoint (EMA weights first), or the dict itself."""
+    for key in ("model_ema", "state_dict_ema", "model", "state_dict"):
+        if key in state_dict and isinstance(state_dict[key], dict):
+            return state_dict[key]
+    return state_dict
+
+
+def resample_grid_embed(pos_embed: Tensor, grid: Sequence[int], ref_grid: Sequence[int]) -> Tensor:
+    """An absolute embedding over ``ref_grid`` resampled to ``grid``: bicubic in 2D (align_corners=False, no
+    antialias, RoPE-ViT's protocol, via timm's ``resample_abs_pos_embed``), trilinear in 3D."""
+    if tuple(grid) == tuple(ref_grid):
+        return pos_embed
+    if len(grid) == 2:
+        return resample_abs_pos_embed(pos_embed, list(grid), list(ref_grid), num_prefix_tokens=0, antialias=False)
+    C = pos_embed.shape[-1]
+    pe = pos_embed.reshape(1, *ref_grid, C).movedim(-1, 1).float()
+    pe = F.interpolate(pe, size=tuple(grid), mode="trilinear", align_corners=False)
+    return pe.movedim(1, -1).reshape(1, -1, C).to(pos_embed.dtype)
+
+
+def checkpoint_prefix_slots(state_dict: dict[str, Tensor]) -> tuple[int, ...]:
+    """How many prefix-token rows a checkpoint's APE may start with, from the tokens it holds: none (DeiT-III and
+    ours), or one a cls, distillation and register token (classic timm ViTs, DeiT distilled, register ViTs)."""
+    cls = int("cls_token" in state_dict) + int("dist_token" in state_dict)
+    reg = state_dict["reg_token"].shape[1] if "reg_token" in state_dict else 0
+    return tuple(sorted({0, cls, reg, cls + reg}))
+
+
+def checkpoint_embed_grid(
+    pos_embed: Tensor, prefixes: Sequence[int], grid: Sequence[int], what: str = "checkpoint pos_embed"
+) -> tuple[Tensor, list[int]]:
+    """A checkpoint's image APE ``(1, n, C)`` without its prefix-token rows (one of ``prefixes``), and its grid: the
+    model's ``grid`` where the rows left are that many, else the square they make. Any other n is a grid that cannot
+    be told from n alone, and gets one clear error rather than a guess."""
+    n = pos_embed.shape[1]
+    for fits in (lambda m: m == math.prod(grid), lambda m: math.isqrt(m) ** 2 == m):
+        for prefix in prefixes:
+            if n > prefix and fits(n - prefix):
+                side = math.isqrt(n - prefix)
+                src = list(grid) if n - prefix == math.prod(grid) else [side, side]
+                return pos_embed[:, prefix:], src
+    raise ValueError(
+        f"{what} has {n} positions: after {' or '.join(map(str, prefixes))} prefix rows, neither the model's grid "
+        f"{tuple(grid)} nor a square, so its grid cannot be inferred; create the model at the checkpoint's img_size "
+        "(it takes other sizes as they come, the APE resampled on the fly) or call set_input_size after loading"
+    )
+
+
+def _adapt_patch_kernel(v: Tensor, own: Tensor) -> Tensor:
+    """A checkpoint's patch kernel resampled to the model's patch size and adapted to its in_chans (from RGB only)."""
+    if v.ndim == 4 and v.shape[-2:] != own.shape[-2:]:
+        v = resample_patch_embed(v, list(own.shape[-2:]))
+    if v.shape[1] != own.shape[1]:
+        if v.shape[1] != 3:
+            raise ValueError(
+                f"the checkpoint's patch embedding takes in_chans={v.shape[1]}, the model in_chans={own.shape[1]}; "
+                f"only 3-channel weights are adapted (timm's rule): create the model with in_chans={v.shape[1]}"
+            )
+        kernel = v.shape[2:]  # timm's adaptation from RGB: summed for one channel, tiled and rescaled for more
+        v = adapt_input_conv(own.shape[1], v.flatten(2, -2)).unflatten(2, kernel[:-1])
+    return v
+
+
+def rename_timm_keys(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
+    """timm Eva's names → ours: ``gamma_1/2`` → ``ls1/2.gamma``; its mixed frequencies ``rope.freqs (2=(x, y), depth,
+    heads, P)`` → ``rope.family.frequencies (depth, heads, axes=(row, col), P)``."""
+    out = {}
+    for k, v in state_dict.items():
+        k = k.replace("gamma_1", "ls1.gamma").replace("gamma_2", "ls2.gamma")
+        if k == "rope.freqs" and v.ndim == 4 and v.shape[0] == 2:
+            k, v = "rope.family.frequencies", torch.stack((v[1], v[0]), dim=2)
+        out[k] = v
+    return out
+
+
+def checkpoint_filter_fn(state_dict: dict[str, Tensor], model: nn.Module) -> dict[str, Tensor]:
+    """Adapt a checkpoint to an image ``model``: ours at any size/class count, timm's DeiT-III and RoPE ViTs (Eva).
+
+    * timm Eva's names (:func:`rename_timm_keys`);
+    * APE resampled bicubically to the model's grid (rows of prefix tokens, as classic and register ViTs keep, dropped);
+    * patch embedding resampled to another patch size, and adapted to another ``in_chans`` (timm's rule);
+    * a classifier of another size, or parameters the model lacks, are left to the model's own initialisation.
+    """
+    state_dict = rename_timm_keys(unwrap_state_dict(state_dict))
+    own = model.state_dict()
+    out: dict[str, Tensor] = {}
+    for k, v in state_dict.items():
+        if k not in own:
+            continue
+        if k == "pos_embed" and v.shape != own[k].shape:
+            grid = list(model.patch_embed.grid_size)
+            v, src = checkpoint_embed_grid(v, checkpoint_prefix_slots(state_dict), grid)
+            v = resample_grid_embed(v, grid, src)
+        elif k == "patch_embed.proj.weight" and v.shape != own[k].shape:
+            v = _adapt_patch_kernel(v, own[k])
+        if v.shape != own[k].shape:
+            if k.startswith("head."):
+                continue  # another class count: keep the model's fresh classifier
+            raise ValueError(
+                f"checkpoint tensor {k} has shape {tuple(v.shape)} but the model expects {tuple(own[k].shape)}; "
+                "create the model with the checkpoint's embed_dim/depth/num_heads"
+            )
+        out[k] = v
+    for k, v in own.items():  # what the checkpoint lacks (another pos_embed type, a new head) keeps its init
+        if k not in out and (k.startswith(("head.", "rope.")) or k in ("pos_embed", "reg_token")):
+            out[k] = v
+    return out
+
+
+def video_embed_grid(n: int, grid: tuple[int, int, int]) -> tuple[int, int, int]:
+    """The (time, rows, cols) grid of a video checkpoint's APE of n rows, for a model of ``grid``: the model's frame
+    grid with another number of time steps, or its time steps over another square frame grid, whichever alone fits
+    n. Where neither or both fit, n cannot tell the grid, and that is one clear error rather than a guess."""
+    T, H, W = grid
+    fits = []
+    if n % (H * W) == 0:
+        fits.append((n // (H * W), H, W))
+    side = math.isqrt(n // T)
+    if n % T == 0 and side * side == n // T:
+        fits.append((T, side, side))
+    if len(set(fits)) == 1:
+        return fits[0]
+    raise ValueError(
+        f"the video checkpoint's pos_embed has {n} positions, which fit {' and '.join(map(str, fits)) or 'neither'} "
+        f"of the (time, rows, cols) grids tried against the model's {grid}; create the model with the checkpoint's "
+        "num_frames and img_size: it takes clips of other sizes as they come, the APE resampled on the fly"
+    )
+
+
+def inflate_image_checkpoint(state_dict: dict[str, Tensor], model: nn.Module) -> dict[str, Tensor]:
+    """Adapt an image or video checkpoint to a video model (``pretrained_filter_fn`` of the video models): the image
+    kernel inflated over time (each frame's kernel = kernel / tubelet depth, so a still clip embeds like its image),
+    an image APE repeated over time, a video APE resampled trilinearly."""
+    state_dict = rename_timm_keys(unwrap_state_dict(state_dict))
+    w = state_dict.get("patch_embed.proj.weight")
+    video = w is not None and w.ndim == 5  # a video checkpoint: its APE is over (time, rows, cols)
+    if w is not None and w.ndim == 4:
+        t = model.patch_embed.tubelet_size
+        if w.shape[-2:] != model.patch_embed.patch_size:
+            w = resample_patch_embed(w, list(model.patch_embed.patch_size))
+        state_dict["patch_embed.proj.weight"] = w.unsqueeze(2).repeat(1, 1, t, 1, 1) / t
+    pe = state_dict.pop("pos_embed", None)
+    if pe is not None and model.pos_embed is not None:
+        T, H, W = model.patch_embed.grid_size
+        n = pe.shape[1]
+        if n == T * H * W:
+            state_dict["pos_embed"] = pe
+        elif video:  # another clip length or frame size: trilinear, as a forward pass at that size resamples it
+            state_dict["pos_embed"] = resample_grid_embed(pe, (T, H, W), video_embed_grid(n, (T, H, W)))
+        else:  # an image APE: spatial grid, prefix slots dropped, resampled, repeated over time
+            pe, src = checkpoint_embed_grid(pe, checkpoint_prefix_slots(state_dict), (H, W), "the image pos_embed")
+            pe = resample_grid_embed(pe, (H, W), src)
+            state_dict["pos_embed"] = pe.reshape(1, 1, H * W, -1).expand(1, T, H * W, -1).reshape(1, T * H * W, -1)
+    own = model.state_dict()
+    for k in [k for k in state_dict if k.startswith("rope.") and k in own and state_dict[k].shape != own[k].shape]:
+        state_dict.pop(k)  # 2D learned position parameters do not map onto three axes: keep the 3D init
+    return checkpoint_filter_fn(state_dict, model)

@@ -1,0 +1,119 @@
+"""The base of every position-encoding family: coordinates in, the encoding of each head out."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from torch import Tensor, nn
+
+from ..coords import COORDINATE_MODES
+from ..tables import Encoding
+
+__all__ = ["Extrapolation", "Family", "check_axis_dims", "check_layout", "default_axis_dims", "head_angles"]
+
+
+@dataclass(frozen=True)
+class Extrapolation:
+    """The extrapolation mode of a table and its per-axis scale factors s (1 at or below the reference grid)."""
+
+    mode: str = "none"
+    scales: tuple[float, ...] = (1.0,)
+    ref_grid: tuple[int, ...] | None = None
+
+
+class Family(nn.Module):
+    """Turns token coordinates ``([B,] N, axes)`` into what attention applies: a rotation per head (a
+    :class:`~vit_rope.tables.RotaryTable` or :class:`~vit_rope.tables.BlockTable`) or a bias on its logits (an
+    :class:`~vit_rope.tables.AttentionBias`), for prefix-free tokens; the caller adds prefix rows and caches.
+
+    A subclass sets ``name`` (its registry key), ``scaling_modes`` (the extrapolation modes it supports: every family
+    has the coordinate modes; NTK and YaRN need a fixed frequency ladder), ``rotary`` (False for a bias), and optionally
+    ``model_name`` (timm then registers ``vit_<model_name>_{tiny,small,base}``). ``depth=None`` shares one encoding
+    across layers; with ``depth`` a learned family may learn one per layer and sets ``per_layer``.
+    """
+
+    name: ClassVar[str]
+    scaling_modes: ClassVar[tuple[str, ...]] = COORDINATE_MODES
+    rotary: ClassVar[bool] = True
+    model_name: ClassVar[str | None] = None
+
+    def __init__(
+        self,
+        dim: int,
+        axes: int,
+        *,
+        num_heads: int | None = None,
+        depth: int | None = None,
+        ref_grid: Sequence[int] | None = None,
+    ) -> None:
+        super().__init__()
+        self.dim, self.axes, self.num_heads, self.depth = dim, axes, num_heads, depth
+        self.ref_grid = None if ref_grid is None else tuple(ref_grid)
+        self.per_layer = False
+
+    def forward(self, coords: Tensor, extrapolation: Extrapolation) -> Encoding:
+        raise NotImplementedError
+
+    def prune_layers(self, depth: int) -> None:
+        """Keep the encodings of the first ``depth`` layers (a model's ``prune_intermediate_layers``)."""
+        if self.per_layer:
+            for name, p in list(self._parameters.items()):
+                setattr(self, name, nn.Parameter(p[:depth].detach().clone(), requires_grad=p.requires_grad))
+        self.depth = depth
+
+    def temperature(self, extrapolation: Extrapolation) -> Tensor | None:
+        """Per-pair factors that scale a table as it turns (YaRN's attention temperature), or None."""
+        return None
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, axes={self.axes}, heads={self.num_heads}, per_layer={self.per_layer}"
+
+
+def check_layout(layout: str) -> str:
+    if layout not in ("interleaved", "half"):
+        raise ValueError(f"layout={layout!r}: choose 'interleaved' (pairs 2i, 2i+1) or 'half' (i, i + dim/2)")
+    return layout
+
+
+def default_axis_dims(dim: int, axes: int, rotate_fraction: float = 1.0) -> tuple[int, ...]:
+    """Equal even sections, one per axis; the remainder stays unrotated (64 over 3 axes → 20/20/20 + 4, V-JEPA 2)."""
+    per_axis = 2 * ((int(dim * rotate_fraction) // axes) // 2)
+    return (per_axis,) * axes
+
+
+def check_axis_dims(
+    dim: int, axes: int, axis_dims: Sequence[int] | None, rotate_fraction: float | None
+) -> tuple[int, ...]:
+    """The channels each axis turns: ``axis_dims`` checked, or the default split of ``rotate_fraction`` of dim."""
+    if axis_dims is not None and rotate_fraction not in (None, 1.0):
+        raise ValueError("give either axis_dims or rotate_fraction, not both")
+    if axis_dims is None:
+        fraction = 1.0 if rotate_fraction is None else float(rotate_fraction)
+        if not 0.0 < fraction <= 1.0:
+            raise ValueError(f"rotate_fraction={rotate_fraction} must be in (0, 1]")
+        dims = default_axis_dims(dim, axes, fraction)
+        if dims[0] == 0:
+            raise ValueError(
+                f"dim={dim} (rotate_fraction={fraction}) cannot be split into even sections for {axes} axes; use a "
+                f"head dim of at least {2 * axes} or pass axis_dims with one even size per axis"
+            )
+        return dims
+    dims = tuple(int(d) for d in axis_dims)
+    if len(dims) != axes:
+        raise ValueError(f"axis_dims={dims} has {len(dims)} entries for {axes} axes; give one each")
+    if any(d <= 0 or d % 2 for d in dims) or sum(dims) > dim:
+        raise ValueError(
+            f"axis_dims={dims} cannot split dim={dim}: each section must be even and positive, and together at most "
+            f"dim (e.g. axis_dims={default_axis_dims(dim, axes)})"
+        )
+    return dims
+
+
+def head_angles(coords: Tensor, F: Tensor) -> Tensor:
+    """Angles of coordinates ``([B,] N, axes)`` under per-head frequencies ``F ([layer,] heads, axes, P)``:
+    ``([B,] [layer,] heads, N, P)``."""
+    if coords.ndim == 3:  # (B, N, axes) → (B, 1.., N, axes), to broadcast over F's leading dims
+        coords = coords.view(coords.shape[0], *([1] * (F.ndim - 2)), *coords.shape[1:])
+    return coords @ F

@@ -1,0 +1,55 @@
+"""LieRE (Ostmeier et al., "LieRE: Lie Rotational Positional Encodings", ICML 2025, arXiv 2406.10322).
+
+``R(p) = exp(Σ_a p_a A_a)`` with a learned skew-symmetric generator ``A_a`` per axis, block-diagonal in blocks of
+``block_size`` channels (the paper's best, LieRE_8; ``block_size=dim`` is the dense LieRE_64 of a 64-dim head;
+channels past the last block stay unturned), per layer and head (the paper's best setting). The generators need not
+commute, so attention is only approximately relative. Generators are the strict upper triangle of a learned matrix
+minus its transpose, initialised U[0, 2π) as the paper; its coordinates are ``index / (n - 1)`` at the training grid,
+ours patch indices, so the init is divided by ``n - 1`` of the reference grid's side. Learned: NTK and YaRN do not
+apply.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from ..tables import BlockTable
+from . import register_family
+from .base import Extrapolation, Family, head_angles
+
+__all__ = ["LieRE"]
+
+
+@register_family
+class LieRE(Family):
+    """LieRE: dense (block-diagonal) learned generators per axis, turned together by matrix exponentials."""
+
+    name = "liere"
+    model_name = "liere"
+
+    def __init__(
+        self, dim: int, axes: int, *, block_size: int = 8, per_layer: bool = True, per_head: bool = True, **common
+    ) -> None:
+        super().__init__(dim, axes, **common)
+        if per_head and self.num_heads is None:
+            raise ValueError("freqs='liere' learns generators per head: pass num_heads (or per_head=False)")
+        if not 2 <= block_size <= dim:
+            raise ValueError(f"block_size={block_size} must be between 2 and dim={dim} (the paper's best is 8)")
+        self.block_size, self.num_blocks = block_size, dim // block_size
+        self.per_layer = per_layer and self.depth is not None
+        lead = ((self.depth,) if self.per_layer else ()) + ((self.num_heads,) if per_head else (1,))
+        side = max(self.ref_grid) if self.ref_grid else 2
+        raw = torch.rand(*lead, axes, self.num_blocks, block_size, block_size) * 2 * math.pi / max(side - 1, 1)
+        self.generators = nn.Parameter(raw)
+
+    def forward(self, coords: Tensor, extrapolation: Extrapolation) -> BlockTable:
+        U = self.generators.to(torch.promote_types(self.generators.dtype, torch.float32)).triu(1)
+        A = (U - U.mT).flatten(-3)  # ([layer,] heads | 1, axes, blocks · b · b)
+        M = head_angles(coords.to(A.dtype), A).unflatten(-1, U.shape[-3:])  # Σ_a p_a A_a: (..., N, blocks, b, b)
+        return BlockTable(torch.linalg.matrix_exp(M), per_layer=self.per_layer)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, block_size={self.block_size}"

@@ -1,0 +1,76 @@
+"""Cayley-STRING (Schenck et al., "Learning the RoPEs: Better 2D and 3D Position Encodings with STRING", ICML 2025,
+arXiv 2502.02562).
+
+``R(p) = Pᵀ RoPE(p) P`` with ``P = (I - S)(I + S)⁻¹`` orthogonal, the Cayley transform of a learned skew-symmetric S
+per head (and per layer), and RoPE(p) axial RoPE whose frequencies are learned too (the paper learns both). Exactly
+relative: ``<R(a) q, R(b) k> = <RoPE(a) P q, RoPE(b) P k>``, so attention folds P into the q and k projections and
+runs at axial RoPE's speed. S starts at zero and the frequencies at axial RoPE's ladder (choices of ours: the paper
+states neither), so a model starts as axial RoPE. Learned frequencies: NTK and YaRN do not apply.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from ..tables import RotaryTable
+from . import register_family
+from .axial import Axial
+from .base import Extrapolation, Family, head_angles
+
+__all__ = ["CayleyString", "cayley"]
+
+
+def cayley(skew: Tensor) -> Tensor:
+    """``(I - S)(I + S)⁻¹`` for skew-symmetric ``S (..., d, d)``: orthogonal, never with eigenvalue -1. The two
+    factors commute, so it is also the solution X of ``(I + S) X = I - S``."""
+    eye = torch.eye(skew.shape[-1], dtype=skew.dtype, device=skew.device)
+    return torch.linalg.solve(eye + skew, eye - skew)
+
+
+@register_family
+class CayleyString(Family):
+    """Cayley-STRING: a learned orthogonal basis per head around axial RoPE with learned frequencies."""
+
+    name = "string"
+    model_name = "string"
+
+    def __init__(
+        self,
+        dim: int,
+        axes: int,
+        *,
+        theta: float = 100.0,
+        layout: str = "interleaved",
+        axis_dims: Sequence[int] | None = None,
+        rotate_fraction: float | None = None,
+        per_layer: bool = True,
+        **common,
+    ) -> None:
+        super().__init__(dim, axes, **common)
+        if self.num_heads is None:
+            raise ValueError("freqs='string' learns a basis per head: pass num_heads")
+        axial = Axial(dim, axes, theta=theta, layout=layout, axis_dims=axis_dims, rotate_fraction=rotate_fraction)
+        self.axis_dims, self.layout = axial.axis_dims, layout
+        self.per_layer = per_layer and self.depth is not None
+        lead = (self.depth, self.num_heads) if self.per_layer else (self.num_heads,)
+        F = axial.frequency_matrix()  # (axes, dim // 2): one non-zero a pair
+        self.register_buffer("axis_of_pair", (F != 0).to(torch.float32), persistent=False)  # which axis turns a pair
+        self.frequencies = nn.Parameter(F.sum(0).float().expand(*lead, -1).clone())  # ([layer,] heads, dim // 2)
+        self.skew = nn.Parameter(torch.zeros(*lead, dim, dim))  # S = A - Aᵀ
+
+    def basis(self) -> Tensor:
+        """P per ([layer,] head): ``([layer,] heads, dim, dim)``, in float32 at least."""
+        A = self.skew.to(torch.promote_types(self.skew.dtype, torch.float32))
+        return cayley(A - A.mT)
+
+    def forward(self, coords: Tensor, extrapolation: Extrapolation) -> RotaryTable:
+        f = self.frequencies.to(torch.promote_types(self.frequencies.dtype, torch.float32))
+        F = f.unsqueeze(-2) * self.axis_of_pair.to(f)  # ([layer,] heads, axes, dim // 2)
+        angles = head_angles(coords.to(f.dtype), F)  # ([B,] [layer,] heads, N, dim // 2)
+        return RotaryTable(angles.cos(), angles.sin(), self.layout, basis=self.basis(), per_layer=self.per_layer)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, axis_dims={self.axis_dims}, layout={self.layout}"
