@@ -1,11 +1,12 @@
 """vit-rope: Vision Transformers with n-dimensional rotary position embeddings, registered in timm."""
 
 from . import video, vit  # noqa: F401  (register the models in timm)
-from .rope import RotaryEmbedding, RotaryTable, apply_rotary, rotate_packed, rotate_split
+from .rope import SCALING_MODES, RotaryEmbedding, RotaryTable, apply_rotary, rotate_packed, rotate_split
 from .video import VideoVisionTransformer
 from .vit import VisionTransformer, checkpoint_filter_fn
 
 __all__ = [
+    "SCALING_MODES",
     "RotaryEmbedding",
     "RotaryTable",
     "VideoVisionTransformer",

@@ -132,8 +132,8 @@ def inflate_image_checkpoint(state_dict: dict[str, Tensor], model: VideoVisionTr
 
             w = resample_patch_embed(w, list(model.patch_embed.patch_size))
         state_dict["patch_embed.proj.weight"] = w.unsqueeze(2).repeat(1, 1, t, 1, 1) / t
-    pe = state_dict.pop("pos_embed", None)
-    if pe is not None and model.pos_embed is not None:
+    pe = state_dict.get("pos_embed")
+    if pe is not None and model.pos_embed is not None:  # (an APE the model lacks is left for the filter to refuse)
         T, H, W = model.patch_embed.grid_size
         n = pe.shape[1]
         if n == T * H * W:
@@ -147,7 +147,11 @@ def inflate_image_checkpoint(state_dict: dict[str, Tensor], model: VideoVisionTr
     freqs = state_dict.get("rope.freqs")
     own = model.rope.freqs if model.rope is not None else None
     if freqs is not None and own is not None and freqs.shape != own.shape:
-        state_dict.pop("rope.freqs")  # 2D mixed frequencies do not map onto three axes: keep the 3D init
+        raise ValueError(
+            f"the checkpoint's learned RoPE frequencies rope.freqs {tuple(freqs.shape)} do not map onto the video "
+            f"model's {tuple(own.shape)} (three axes): a video RoPE-Mixed model loads only a video RoPE-Mixed "
+            "checkpoint of its depth and heads"
+        )
     return checkpoint_filter_fn(state_dict, model)
 
 

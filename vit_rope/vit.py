@@ -44,7 +44,7 @@ from timm.models.vision_transformer import init_weights_vit_timm
 from torch import Tensor, nn
 
 from .attention import Attention, hooked, parse_rope_targets
-from .rope import RotaryEmbedding, RotaryTable
+from .rope import SCALING_MODES, RotaryEmbedding, RotaryTable
 
 __all__ = ["VisionTransformer", "checkpoint_filter_fn", "POS_EMBEDS"]
 
@@ -378,6 +378,21 @@ class VisionTransformer(nn.Module):
             self.global_pool = global_pool
         self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
 
+    def rope_scaling_modes(self) -> tuple[str, ...]:
+        """The RoPE extrapolation modes this model takes (none without RoPE): learned mixed frequencies have no
+        ladder for NTK or YaRN to rescale, and YaRN's temperature would scale v and o under VO-RoPE."""
+        if self.rope is None:
+            return ()
+        skip = ("ntk", "yarn") if self.rope.freqs is not None else ()
+        skip += ("yarn",) if self.rope_vo else ()
+        return tuple(m for m in SCALING_MODES if m not in skip)
+
+    def set_rope_scaling(self, mode: str) -> None:
+        """Evaluate from now on under RoPE scaling ``mode`` (one of :meth:`rope_scaling_modes`)."""
+        if mode not in self.rope_scaling_modes():
+            raise ValueError(f"rope scaling {mode!r}: this model takes {self.rope_scaling_modes()}")
+        self.rope.set_scaling(mode)
+
     def set_input_size(self, img_size=None, patch_size=None) -> None:
         """Change the nominal input size (and patch size): APE and the RoPE reference grid follow."""
         prev_grid = self.patch_embed.grid_size
@@ -509,7 +524,9 @@ def checkpoint_filter_fn(state_dict: dict[str, Tensor], model: VisionTransformer
       ours ``(depth, heads, axes=(row, col), P)``;
     * APE resampled bicubically to the model's grid (rows of prefix tokens, as classic and register ViTs keep, dropped);
     * patch embedding resampled to another patch size, and adapted to another ``in_chans`` (timm's rule);
-    * a classifier of another size, or parameters the model lacks, are left to the model's own initialisation.
+    * a classifier of another size, or none, is left to the model's own initialisation. Any other key the model
+      has and the checkpoint lacks, or the other way round, is an error naming it: timm loads non-strictly when
+      the head changes, and another model's weights (APE into RoPE, another depth) must not load half-way.
     """
     from timm.layers import resample_patch_embed
     from timm.models import adapt_input_conv
@@ -517,6 +534,7 @@ def checkpoint_filter_fn(state_dict: dict[str, Tensor], model: VisionTransformer
     state_dict = unwrap_state_dict(state_dict)
     own = model.state_dict()
     out: dict[str, Tensor] = {}
+    unexpected = []
     for k, v in state_dict.items():
         k = k.replace("gamma_1", "ls1.gamma").replace("gamma_2", "ls2.gamma")
         if k == "rope.freqs" and k in own and v.shape != own[k].shape and v.ndim == 4 and v.shape[0] == 2:
@@ -538,6 +556,8 @@ def checkpoint_filter_fn(state_dict: dict[str, Tensor], model: VisionTransformer
                 kernel = v.shape[2:]  # timm's adaptation from RGB: summed for one channel, tiled and rescaled for more
                 v = adapt_input_conv(own[k].shape[1], v.flatten(2, -2)).unflatten(2, kernel[:-1])
         if k not in own:
+            if not k.startswith("head."):  # a model without a classifier drops the checkpoint's
+                unexpected.append(k)
             continue
         if v.shape != own[k].shape:
             if k.startswith("head."):
@@ -547,10 +567,22 @@ def checkpoint_filter_fn(state_dict: dict[str, Tensor], model: VisionTransformer
                 "create the model with the checkpoint's embed_dim/depth/num_heads"
             )
         out[k] = v
-    for k, v in own.items():  # what the checkpoint lacks (another pos_embed type, a new head) keeps its init
-        if k not in out and (k.startswith("head.") or k in ("pos_embed", "rope.freqs", "reg_token")):
-            out[k] = v
-    return out
+    missing = [k for k in own if k not in out and not k.startswith("head.")]
+    if missing or unexpected:
+        lacks = [f"it lacks the model's {_some(missing)}"] if missing else []
+        has = [f"it has {_some(unexpected)}, which the model lacks"] if unexpected else []
+        raise ValueError(
+            f"the checkpoint does not fit the model: {'; '.join(lacks + has)} (only the classifier head may differ); "
+            "create the model the checkpoint was saved from (its pos_embed, depth, reg_tokens, ...) or load this "
+            "model's own checkpoint"
+        )
+    return {**{k: v for k, v in own.items() if k.startswith("head.")}, **out}  # a missing head keeps its init
+
+
+def _some(keys: list[str], most: int = 8) -> str:
+    """Up to ``most`` key names of a list, and how many more."""
+    more = f" and {len(keys) - most} more" if len(keys) > most else ""
+    return f"{keys[:most]}{more}"
 
 
 def _cfg(hub: str | None = None, **kwargs) -> dict[str, Any]:
