@@ -130,6 +130,24 @@ def test_video_pretrained_weights_adapt_to_one_channel(tmp_path):
     torch.testing.assert_close(video.patch_embed.proj.weight, inflated.sum(1, keepdim=True))
 
 
+def test_image_weights_that_do_not_fit_a_video_model_are_refused(tmp_path):
+    """An image APE does not silently vanish into a RoPE video model, nor learned 2D frequencies into 3D ones."""
+    for image, video, message in [
+        ("vit_ape_tiny", {}, r"it has \['pos_embed'\], which the model lacks"),
+        (
+            "vit_rope_mixed_tiny",
+            dict(pos_embed="rope_mixed"),
+            r"rope.freqs \(1, 3, 2, 32\) do not map onto the video model's \(1, 3, 3, 30\)",
+        ),
+    ]:
+        path = tmp_path / "image.safetensors"
+        weights = timm.create_model(image, depth=1, img_size=32, patch_size=8, num_heads=3).state_dict()
+        save_file({k: v.contiguous() for k, v in weights.items()}, str(path))
+        with pytest.raises(ValueError, match=message):
+            tiny_video(depth=1, img_size=32, patch_size=8, num_frames=4, pretrained=True,
+                       pretrained_cfg_overlay=dict(file=str(path)), **video)  # fmt: skip
+
+
 def test_video_errors():
     model = tiny_video()
     with pytest.raises(ValueError, match=r"take \(B, C, T, H, W\).*image batch"):
