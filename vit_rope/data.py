@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -319,51 +320,36 @@ def is_video(dataset: str) -> bool:
     return dataset in VIDEO_DATASETS
 
 
-class Resized(Dataset):
-    """Video clips resized spatially (the 'resize' protocol for clips)."""
+class Standardize:
+    """``(x - mean) / std`` per channel of an image (C, H, W) or a clip (C, T, H, W); a class, so that DataLoader
+    workers started by spawning can pickle it."""
 
-    def __init__(self, ds: Dataset, size: int) -> None:
-        self.ds, self.size = ds, size
+    def __init__(self, mean: Sequence[float], std: Sequence[float]) -> None:
+        self.mean, self.std = torch.tensor(mean), torch.tensor(std)
 
-    def __len__(self):
+    def __call__(self, x: Tensor) -> Tensor:
+        shape = (-1,) + (1,) * (x.ndim - 1)
+        return (x - self.mean.view(shape)) / self.std.view(shape)
+
+
+def resize_clip(clip: Tensor, size: int) -> Tensor:
+    """A clip (C, T, H, W) resized spatially to size × size: the 'resize' protocol for clips."""
+    return F.interpolate(clip, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
+
+
+class ValidationAt(Dataset):
+    """A validation set at another size: each built-in scene or clip rendered natively there (``native``), else
+    each item as it comes; then ``transform``."""
+
+    def __init__(self, ds: Dataset, size: int, native: bool, transform: Callable[[Tensor], Tensor]) -> None:
+        self.ds, self.size, self.native, self.transform = ds, size, native, transform
+
+    def __len__(self) -> int:
         return len(self.ds)
 
-    def __getitem__(self, i):
-        clip, y = self.ds[i]
-        return F.interpolate(clip, size=(self.size, self.size), mode="bilinear", antialias=True, align_corners=False), y
-
-
-class NativeVideo(Dataset):
-    """The synthetic validation clips drawn natively at another size."""
-
-    def __init__(self, ds: SyntheticMotion, size: int) -> None:
-        self.ds, self.size = ds, size
-
-    def __len__(self):
-        return len(self.ds)
-
-    def __getitem__(self, i):
-        clip, y = self.ds.render(i, (self.size, self.size))
-        return (clip - self.ds.mean) / self.ds.std, y
-
-
-class NativeImages(Dataset):
-    """The synthetic validation scenes drawn natively at another size."""
-
-    def __init__(self, ds: SyntheticScenes, size: int, transform) -> None:
-        self.ds, self.size, self.transform = ds, size, transform
-
-    def __len__(self):
-        return len(self.ds)
-
-    def __getitem__(self, i):
-        img, y = self.ds.render(i, (self.size, self.size))
-        return self.transform(img), y
-
-
-def _normalize(mean, std):
-    m, s = torch.tensor(mean)[:, None, None], torch.tensor(std)[:, None, None]
-    return lambda img: (img - m) / s
+    def __getitem__(self, i: int):
+        x, y = self.ds.render(i, (self.size, self.size)) if self.native else self.ds[i]
+        return self.transform(x), y
 
 
 def image_transforms(cfg: dict, dc: dict) -> tuple[Callable, Callable[[int], Callable]]:
@@ -402,7 +388,13 @@ def build_data(cfg: dict, dc: dict) -> tuple[Dataset | None, EvalSets, int]:
         )
         train = SyntheticMotion(cfg["train_samples"], split="train", **kw)
         val = SyntheticMotion(cfg["val_samples"], split="val", **kw)
-        return train, (lambda s, p: NativeVideo(val, s) if p == "native" else Resized(val, s)), val.num_classes
+
+        def clips(size, protocol):
+            if protocol == "native":
+                return ValidationAt(val, size, True, Standardize(dc["mean"], dc["std"]))
+            return ValidationAt(val, size, False, partial(resize_clip, size=size))
+
+        return train, clips, val.num_classes
     if name in ("imagefolder", "clipfolder"):
         return folder_data(cfg, dc)
     train_tf, eval_tf = image_transforms(cfg, dc)
@@ -412,7 +404,7 @@ def build_data(cfg: dict, dc: dict) -> tuple[Dataset | None, EvalSets, int]:
 
         def make(size, protocol):
             if protocol == "native":
-                return NativeImages(val, size, _normalize(dc["mean"], dc["std"]))
+                return ValidationAt(val, size, True, Standardize(dc["mean"], dc["std"]))
             return SyntheticScenes(cfg["val_samples"], cfg["img_size"], cfg["seed"], "val", transform=eval_tf(size))
 
         return train, make, val.num_classes
