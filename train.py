@@ -53,7 +53,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[dict, dict]:
     return config.parse_config(argv, HERE / "configs" / "default.yaml", __doc__)
 
 
-# ------------------------------------------------------------------------------------------------ model, data
+# ------------------------------------------------------------------------------------- checks before a run
 def checked_data(cfg: dict, dc: dict) -> tuple:
     """``build_data``, with one sample of each split read: a missing or unreadable dataset stops the run now."""
     try:
