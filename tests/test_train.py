@@ -2,6 +2,7 @@
 
 import csv
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -11,10 +12,13 @@ from pathlib import Path
 import pytest
 import timm
 import torch
+import yaml
 from PIL import Image
 from safetensors.torch import load_file
 
 import train
+from vit_rope import data as D
+from vit_rope import runs, train_config
 from vit_rope.data import SyntheticScenes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -166,7 +170,7 @@ def test_config_and_data_errors(tmp_path):
         )
     (tmp_path / "empty" / "train" / "a").mkdir(parents=True)
     (tmp_path / "empty" / "val" / "a").mkdir(parents=True)
-    with pytest.raises(ValueError, match="has no images"):
+    with pytest.raises(SystemExit, match="has no images"):
         train.main(
             [*TINY, "--dataset", "imagefolder", "--data-dir", str(tmp_path / "empty"), "--output", str(tmp_path)]
         )
@@ -229,8 +233,8 @@ def test_data_config_comes_from_the_models_pretrained_cfg():
     for overlay in (None, dict(mean=(0.5, 0.25, 0.125), std=(0.2, 0.3, 0.4))):
         cfg["model_kwargs"] = dict(pretrained_cfg_overlay=overlay) if overlay else {}
         built = timm.create_model("vit_rope_tiny", **cfg["model_kwargs"])
-        expected = train.resolve_data_config({}, model=built)
-        got = train.data_config(cfg, "vit_rope_tiny")
+        expected = timm.data.resolve_data_config({}, model=built)
+        got = train_config.data_config(cfg, "vit_rope_tiny")
         assert (got["mean"], got["std"]) == (expected["mean"], expected["std"])
     assert got["mean"] == (0.5, 0.25, 0.125)
 
@@ -254,20 +258,20 @@ def test_folder_splits_use_the_training_class_indices(tmp_path, dataset):
     make_folder(tmp_path / "ok", dict(train="abc", val="ac"), clips=clips)
     cfg, _ = train.parse_config([*TINY, "--dataset", dataset, "--data-dir", str(tmp_path / "ok"), "--num-frames", "2"])
     dc = dict(mean=(0.5,) * 3, std=(0.5,) * 3)
-    train_ds, eval_set, num_classes = train.build_data(cfg, dc)
+    train_ds, eval_set, num_classes = D.build_data(cfg, dc)
     assert num_classes == 3 and len(train_ds) == 3
     val = eval_set(16, "resize")
     assert sorted(val[i][1] for i in range(len(val))) == [0, 2]
     # --eval-only takes the numbering from train/ when it is there, else from val/
     only, _ = train.parse_config([*TINY, "--dataset", dataset, "--data-dir", str(tmp_path / "ok"), "--eval-only"])
-    assert train.build_data(only, dc)[2] == 3
+    assert D.build_data(only, dc)[2] == 3
     make_folder(tmp_path / "valonly", dict(val="ac"), clips=clips)
     only["data_dir"] = str(tmp_path / "valonly")
-    assert train.build_data(only, dc)[2] == 2
+    assert D.build_data(only, dc)[2] == 2
     make_folder(tmp_path / "extra", dict(train="abc", val="acd"), clips=clips)
     cfg["data_dir"] = str(tmp_path / "extra")
     with pytest.raises(ValueError, match=r"class folder\(s\) \['d'\] that the training split does not have"):
-        train.build_data(cfg, dc)
+        D.build_data(cfg, dc)
 
 
 def test_clipfolder_eval_reads_frames_at_the_eval_size(tmp_path):
@@ -283,8 +287,8 @@ def test_clipfolder_eval_reads_frames_at_the_eval_size(tmp_path):
     cfg, _ = train.parse_config(["--dataset", "clipfolder", "--data-dir", str(root), "--img-size", "8",
                                  "--num-frames", "2"])  # fmt: skip
     dc = dict(mean=(0.5,) * 3, std=(0.5,) * 3)
-    clip = train.build_data(cfg, dc)[1](32, "resize")[0][0]
-    direct = train.D.ClipFolder(str(root / "val"), 32, 2, dc["mean"], dc["std"])[0][0]
+    clip = D.build_data(cfg, dc)[1](32, "resize")[0][0]
+    direct = D.ClipFolder(str(root / "val"), 32, 2, dc["mean"], dc["std"])[0][0]
     torch.testing.assert_close(clip, direct, rtol=0, atol=0)
 
 
@@ -300,8 +304,9 @@ def test_bad_scaling_mode_or_eval_size_stops_before_training(tmp_path, monkeypat
         train.main([*TINY, "--rope-scaling", "none", "linear", "--output", str(tmp_path)])
     with pytest.raises(SystemExit, match=r"--eval-sizes \[36\] are not multiples of the patch size 8x8 of vit_ape"):
         train.main([*TINY, "--eval-sizes", "32", "36", "--output", str(tmp_path)])
-    cfg, _ = train.parse_config([*TINY, "--models", "vit_ape_tiny:dynamic_img_pad=true", "--eval-sizes", "36"])
-    train.check_eval_config(cfg)  # a model that pads takes any size
+    with pytest.raises(AssertionError, match="training started"):  # a model that pads takes any size
+        train.main([*TINY, "--models", "vit_ape_tiny:dynamic_img_pad=true", "--eval-sizes", "36", "--output",
+                    str(tmp_path)])  # fmt: skip
 
 
 def test_resume_with_more_epochs_follows_the_new_schedule(tmp_path):
@@ -397,12 +402,12 @@ def test_initial_checkpoint_takes_a_runs_checkpoint_and_its_ema(tmp_path):
 
 
 def test_model_spec_values_may_hold_commas():
-    assert train.split_spec("vit_rope3d_tiny:rope_axis_dims=[8,12,12],rope_targets=vo") == (
+    assert train_config.split_spec("vit_rope3d_tiny:rope_axis_dims=[8,12,12],rope_targets=vo") == (
         "vit_rope3d_tiny",
         dict(rope_axis_dims=[8, 12, 12], rope_targets="vo"),
     )
     with pytest.raises(SystemExit, match=r"model 'vit_rope_tiny:rope_axis_dims=\[8,12' .* cannot read the value"):
-        train.checked_spec("vit_rope_tiny:rope_axis_dims=[8,12")
+        train_config.checked_spec("vit_rope_tiny:rope_axis_dims=[8,12")
 
 
 def test_scaling_modes_skip_what_a_model_cannot_take():
@@ -414,3 +419,222 @@ def test_scaling_modes_skip_what_a_model_cannot_take():
     assert train.scaling_modes(mixed, modes) == ["none", "pi", "normalized"]
     vo = timm.create_model("vit_rope_tiny", rope_targets="vo", **kw)
     assert train.scaling_modes(vo, modes) == ["none", "pi", "ntk", "normalized"]
+
+
+# ----------------------------------------------------------------------------------- hostile input (issue 16)
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` with its bytes: two snapshots are equal when nothing was added, removed or
+    changed."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    """A finished two-model, two-epoch run that the commands below must leave as it is."""
+    run = tmp_path_factory.mktemp("finished") / "run"
+    train.main([*TINY, "--output", str(run)])
+    return run
+
+
+TINY_KWARGS = ["--model-kwargs", "patch_size=8", "depth=1", "embed_dim=32", "num_heads=2"]
+# (what is wrong, arguments after a fresh run's TINY on the finished run's --output, the error it must give)
+FAILING_RUNS = [
+    ("data dir typo", ["--dataset", "imagefolder", "--data-dir", "{tmp}/nowhere"], "imagefolder needs root/train"),
+    ("no epochs", ["--epochs", "0"], "epochs must be at least 1"),
+    ("no batch", ["--batch-size", "0"], "batch_size must be at least 1"),
+    ("missing device", ["--device", "cuda:99"], "cuda:99 is not on this machine"),
+    ("unknown model", ["--models", "vit_nope"], "unknown model 'vit_nope'"),
+    ("model kwarg out of range", ["--models", "vit_rope_tiny", *TINY_KWARGS, "rope_theta=0"],
+     r"model vit_rope_tiny cannot be built with .*'rope_theta': 0.*theta=0 must be positive"),
+    ("model kwarg refused", ["--model-kwargs", "embed_dim=30", "num_heads=4"],
+     "model vit_ape_tiny cannot be built .*embed_dim=30 is not divisible by num_heads=4"),
+    ("eval size", ["--eval-sizes", "36"], r"--eval-sizes \[36\] are not multiples of the patch size"),
+    ("scaling mode", ["--rope-scaling", "linear"], r"unknown --rope-scaling mode\(s\) \['linear'\]"),
+    ("malformed yaml", ["--config", "{tmp}/bad.yaml"], r"bad.yaml' is not valid YAML: .* at line 3"),
+    ("negative lr", ["--lr", "-1"], "--lr -1.0: lr must be at least 0"),
+    ("label smoothing", ["--label-smoothing", "1"], r"label_smoothing must be in \[0, 1\)"),
+    ("crop scale", ["--scale", "0.5", "0.2"], "scale must be two numbers a b with 0 < a <= b <= 1"),
+    ("eval-only without weights", ["--eval-only"], "--eval-only needs --initial-checkpoint PATH or --pretrained"),
+    ("missing checkpoint", ["--initial-checkpoint", "{tmp}/none.pt"], "none.pt' does not exist"),
+    ("weights of another model", ["--eval-only", "--initial-checkpoint", "{run}/vit_rope_tiny/model.safetensors"],
+     r"does not fit vit_ape_tiny: .*lacks the model's \['pos_embed'\]"),
+    ("unknown optimizer", ["--opt", "nope"], "--opt nope with --sched cosine: Optimizer nope not found"),
+]  # fmt: skip
+# (what --resume must refuse, arguments after --output RUN --resume, the error it must give)
+REFUSED_RESUMES = [
+    ("fewer epochs", ["--epochs", "1"], r"--epochs 1 is fewer than the run in .* has trained .*--epochs 2 or more"),
+    ("other lr", ["--lr", "0.5"], "--resume cannot change lr 0.002 -> 0.5: .*another --output"),
+    ("other model kwargs", ["--model-kwargs", "embed_dim=16"], "cannot change model_kwargs .*'embed_dim': 16"),
+    ("other seed", ["--seed", "1"], "cannot change seed 0 -> 1"),
+    ("other img size", ["--img-size", "24"], "cannot change img_size 16 -> 24"),
+    ("other dataset", ["--dataset", "synthetic_video"], "cannot change dataset 'synthetic' -> 'synthetic_video'"),
+]
+
+
+@pytest.mark.parametrize("case", FAILING_RUNS + REFUSED_RESUMES, ids=[c[0] for c in FAILING_RUNS + REFUSED_RESUMES])
+def test_a_failed_command_leaves_the_previous_run_as_it_was(case, finished_run, tmp_path):
+    """Every setting is checked, and every model built, before anything in --output changes: after a failing
+    command the previous run's folder has the same files with the same bytes, and --resume still works from it."""
+    _, args, message = case
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    (tmp_path / "bad.yaml").write_text("epochs: 2\neval_sizes: [16, 24\n")
+    args = [a.format(tmp=tmp_path, run=run) for a in args]
+    before = snapshot(run)
+    command = (
+        ["--output", str(run), "--resume", *args] if case in REFUSED_RESUMES else [*TINY, "--output", str(run), *args]
+    )
+    with pytest.raises(SystemExit, match=message):
+        train.main(command)
+    assert snapshot(run) == before
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--eval-batch-size", "0"], "eval_batch_size must be at least 1"),
+        (["--img-size", "0"], "img_size must be at least 1"),
+        (["--train-samples", "0"], "train_samples must be at least 1"),
+        (["--eval-sizes", "16", "0"], "eval_sizes must be sizes of at least 1"),
+        (["--drop-path", "1"], r"drop_path must be in \[0, 1\)"),
+        (["--hflip", "1.5"], r"hflip must be in \[0, 1\]"),
+        (["--ema-decay", "2"], r"ema_decay must be in \[0, 1\]"),
+        (["--scale", "0.5"], "scale must be two numbers"),
+        (["--scale", "0", "1"], "scale must be two numbers"),
+        (["--seed", "-1"], "seed must be in"),
+        (["--workers", "-1"], "workers must be at least 0"),
+        (["--warmup-epochs", "-1"], "warmup_epochs must be at least 0"),
+        (["--min-lr", "0.1"], "--min-lr 0.1 is above --lr 0.002"),
+        (["--dataset", "nope"], "dataset must be one of"),
+        (["--device", "nope"], "--device 'nope' is not a device name"),
+        (["--sched", "nope"], "--sched nope: Unknown scheduler 'nope'"),
+        (["--model-kwargs", "patchsize=8"], "vit_ape_tiny cannot be built .*unexpected keyword argument 'patchsize'"),
+        (["--models", "vit_rope_mixed_tiny", "--rope-scaling", "ntk"], r"takes none of --rope-scaling \['ntk'\]"),
+        (["--img-size", "20"], "refuses a validation sample at --img-size: .*20"),
+        (["--config", "{tmp}/float.yaml"], "--num-frames 2.5: num_frames must be int"),
+        (["--config", "{tmp}/scalar.yaml"], "--scale 0.5: scale must be a list of float"),
+        (["--config", "{tmp}/list.yaml"], "holds a list, not `key: value` lines"),
+    ],
+)  # fmt: skip
+def test_out_of_range_values_are_one_line_naming_the_setting(args, message, tmp_path):
+    (tmp_path / "float.yaml").write_text("num_frames: 2.5\n")
+    (tmp_path / "scalar.yaml").write_text("scale: 0.5\n")
+    (tmp_path / "list.yaml").write_text("- epochs: 2\n")
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit, match=message) as stop:
+        train.main([*TINY, "--output", str(out), *[a.format(tmp=tmp_path) for a in args]])
+    assert str(stop.value).startswith("error: ") and "\n" not in str(stop.value)
+    assert not out.exists()
+
+
+def test_a_second_run_on_the_same_output_is_refused_while_the_first_runs(tmp_path):
+    """Two runs on one --output would interleave their rows: the second gets a clear error naming the first; the
+    lock is the OS's (flock), so a SIGKILLed run leaves none behind."""
+    run = tmp_path / "run"
+    first = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *ONE, "--epochs", "500", "--output", str(run)],
+                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.time() + 120
+        while not (run / "config.yaml").exists() and first.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        assert first.poll() is None, "the first run ended before the second could start"
+        with pytest.raises(SystemExit, match=f"is in use by another run \\(pid {first.pid}\\); wait for it to end"):
+            train.main([*ONE, "--output", str(run)])
+    finally:
+        first.kill()
+        first.wait()
+    with runs.locked(run):  # released by the OS when the first run was killed
+        pass
+
+
+def test_eval_only_refuses_weights_that_do_not_fit_a_model(finished_run, tmp_path):
+    """One checkpoint for several models must not load into the ones it does not fit (and label their rows)."""
+    ape = finished_run / "vit_ape_tiny" / "model.safetensors"
+    with pytest.raises(
+        SystemExit, match=r"does not fit vit_rope_tiny: .*it has \['pos_embed'\], which the model lacks"
+    ):
+        train.main([*TINY, "--models", "vit_rope_tiny", "--eval-only", "--initial-checkpoint", str(ape),
+                    "--output", str(tmp_path / "ev")])  # fmt: skip
+    mixed = ["--models", "vit_rope_mixed_tiny", "--rope-scaling", "none"]
+    rope = finished_run / "vit_rope_tiny" / "model.safetensors"
+    with pytest.raises(SystemExit, match=r"does not fit vit_rope_mixed_tiny: .*lacks the model's \['rope.family.frequencies'\]"):
+        train.main([*TINY, *mixed, "--eval-only", "--initial-checkpoint", str(rope), "--output", str(tmp_path / "ev")])
+    assert not (tmp_path / "ev").exists()
+
+
+def test_resume_with_more_epochs_trains_a_finished_run_on(tmp_path):
+    """A finished run resumed with more epochs trains on: its results are those of the last epoch's weights."""
+    run = tmp_path / "run"
+    train.main([*ONE, "--epochs", "2", "--output", str(run)])
+    train.main(["--output", str(run), "--resume", "--epochs", "3"])
+    assert [r["epoch"] for r in read_csv(run / "log.csv")] == ["1", "2", "3"]
+    assert yaml.safe_load((run / "config.yaml").read_text())["epochs"] == 3
+    weights = run / "vit_rope_tiny" / "model.safetensors"
+    train.main([*ONE, "--eval-only", "--initial-checkpoint", str(weights), "--output", str(tmp_path / "ev")])
+    assert read_csv(run / "results.csv") == read_csv(tmp_path / "ev" / "results.csv")
+
+
+def test_resume_with_other_eval_settings_evaluates_the_saved_weights_again(tmp_path):
+    """New eval sizes or scaling modes on --resume: the saved weights evaluated again, nothing trained again, and
+    the results those of a fresh run with the new settings."""
+    run, fresh = tmp_path / "run", tmp_path / "fresh"
+    train.main([*ONE, "--rope-scaling", "none", "pi", "--output", str(run)])
+    trained = ["log.csv", "vit_rope_tiny/checkpoint.pt", "vit_rope_tiny/model.safetensors"]
+    before = [(run / f).read_bytes() for f in trained]
+    new = ["--eval-sizes", "16", "24", "--rope-scaling", "pi"]
+    train.main(["--output", str(run), "--resume", *new])
+    assert [(run / f).read_bytes() for f in trained] == before
+    train.main([*ONE, *new, "--output", str(fresh)])
+    assert read_csv(run / "results.csv") == read_csv(fresh / "results.csv")
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert (saved["eval_sizes"], saved["rope_scaling"]) == ([16, 24], ["pi"])
+
+
+def test_resume_reads_an_edited_config_file(tmp_path):
+    """--resume --config FILE: the file's keys are changes like flags (here more epochs), not silently ignored."""
+    cfg = dict(models=["vit_rope_tiny"], model_kwargs=dict(patch_size=8, depth=1, embed_dim=32, num_heads=2),
+               img_size=16, eval_sizes=[16], rope_scaling=["none"], train_samples=96, val_samples=32, epochs=1,
+               batch_size=32, warmup_epochs=0, output=str(tmp_path / "run"))  # fmt: skip
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    train.main(["--config", str(path)])
+    path.write_text(yaml.safe_dump({**cfg, "epochs": 2}))
+    train.main(["--config", str(path), "--resume"])
+    assert [r["epoch"] for r in read_csv(tmp_path / "run" / "log.csv")] == ["1", "2"]
+
+
+def nan_gradient_at(step: int, monkeypatch) -> None:
+    """The training loss keeps its value, but its gradient is NaN from the ``step``-th call on (0 · d√x at 0)."""
+    calls = {"n": 0}
+
+    class Poisoned(torch.nn.CrossEntropyLoss):
+        def forward(self, logits, target):
+            calls["n"] += 1
+            loss = super().forward(logits, target)
+            return loss + 0 * torch.sqrt(logits.sum() * 0) if calls["n"] >= step else loss
+
+    monkeypatch.setattr(train, "LabelSmoothingCrossEntropy", lambda *_: Poisoned())
+
+
+def test_non_finite_weights_stop_the_run_before_they_are_saved(tmp_path, monkeypatch):
+    nan_gradient_at(3, monkeypatch)  # the last step of epoch 1: its loss is finite, the weights after it are not
+    with pytest.raises(SystemExit, match=r"weights became non-finite in epoch 1 .*No checkpoint was written yet"):
+        train.main([*ONE, "--output", str(tmp_path)])
+    assert not (tmp_path / "vit_rope_tiny" / "checkpoint.pt").exists()
+    assert not (tmp_path / "log.csv").exists()
+
+
+def test_non_finite_validation_loss_stops_the_run(tmp_path, monkeypatch):
+    nan = lambda logits, y, **kw: torch.tensor(float("nan"))  # noqa: E731
+    monkeypatch.setattr(torch.nn.functional, "cross_entropy", nan)  # validation's loss only (training smooths labels)
+    with pytest.raises(SystemExit, match="the validation loss became nan after epoch 1"):
+        train.main([*ONE, "--output", str(tmp_path)])
+    assert not (tmp_path / "vit_rope_tiny" / "checkpoint.pt").exists()
+
+
+def test_a_stop_names_only_files_that_exist(tmp_path, monkeypatch):
+    """A run that diverges before its first checkpoint says so, rather than naming a checkpoint that is not there."""
+    nan_gradient_at(1, monkeypatch)  # NaN weights after step 1: the loss of step 2 is NaN
+    with pytest.raises(SystemExit, match="loss became nan at epoch 1, step 2") as stop:
+        train.main([*ONE, "--output", str(tmp_path)])
+    assert "No checkpoint was written yet" in str(stop.value) and "checkpoint.pt" not in str(stop.value)

@@ -130,8 +130,30 @@ def test_video_pretrained_weights_adapt_to_one_channel(tmp_path):
     torch.testing.assert_close(video.patch_embed.proj.weight, inflated.sum(1, keepdim=True))
 
 
+def test_image_weights_that_do_not_fit_a_video_model_are_refused(tmp_path):
+    """An image APE does not silently vanish into a RoPE video model, nor learned 2D frequencies into 3D ones."""
+    for image, video, message in [
+        ("vit_ape_tiny", {}, r"it has \['pos_embed'\], which the model lacks"),
+        (
+            "vit_rope_mixed_tiny",
+            dict(pos_embed="rope_mixed"),
+            r"rope.family.frequencies \(1, 3, 2, 32\) does not map onto the video model's \(1, 3, 3, 30\)",
+        ),
+    ]:
+        path = tmp_path / "image.safetensors"
+        weights = timm.create_model(image, depth=1, img_size=32, patch_size=8, num_heads=3).state_dict()
+        save_file({k: v.contiguous() for k, v in weights.items()}, str(path))
+        with pytest.raises(ValueError, match=message):
+            tiny_video(depth=1, img_size=32, patch_size=8, num_frames=4, pretrained=True,
+                       pretrained_cfg_overlay=dict(file=str(path)), **video)  # fmt: skip
+
+
 def test_video_errors():
     model = tiny_video()
+    with pytest.raises(ValueError, match="the batch is empty"):
+        model(torch.randn(0, 3, 4, 32, 32))
+    with pytest.raises(ValueError, match="dtype torch.float16 but the model's weights are torch.float32"):
+        model(torch.randn(1, 3, 4, 32, 32).half())
     with pytest.raises(ValueError, match=r"take \(B, C, T, H, W\).*image batch"):
         model(torch.randn(1, 3, 32, 32))
     with pytest.raises(ValueError, match="clip length 3 is not divisible by the tubelet depth 2"):
@@ -153,3 +175,17 @@ def test_video_rope_mixed_runs():
     out = model(torch.randn(1, 3, 4, 32, 32))
     out.sum().backward()
     assert model.rope.family.frequencies.grad is not None
+
+
+@pytest.mark.parametrize("pos_embed", ["comrope", "comrope_ap", "liere", "string", "spiral"])
+def test_every_rotary_family_runs_on_clips(pos_embed):
+    """Families take any number of axes: over (t, h, w), clips of two lengths and sizes, a gradient on every
+    parameter. LookHere's fields of view are image-plane directions: a clear error."""
+    model = tiny_video(pos_embed=pos_embed)
+    for clip in (torch.randn(2, 3, 4, 32, 32), torch.randn(1, 3, 6, 48, 32)):
+        out = model(clip)
+        assert out.shape == (clip.shape[0], 4) and torch.isfinite(out).all()
+    out.sum().backward()
+    assert all(p.grad is not None for p in model.parameters())
+    with pytest.raises(ValueError, match="needs axes=2"):
+        tiny_video(pos_embed="lookhere")

@@ -291,6 +291,62 @@ def test_own_checkpoint_loads_with_other_classes_and_size(tmp_path):
     assert other.pos_embed.shape == (1, 36, 192)
 
 
+SMALL = dict(img_size=32, patch_size=8)
+
+
+@pytest.mark.parametrize(
+    "source,target,message",
+    [
+        (dict(name="vit_ape_tiny"), dict(name="vit_rope_tiny"), r"it has \['pos_embed'\], which the model lacks"),
+        (dict(name="vit_rope_tiny"), dict(name="vit_ape_tiny"), r"it lacks the model's \['pos_embed'\]"),
+        (
+            dict(name="vit_rope_tiny"),
+            dict(name="vit_rope_mixed_tiny"),
+            r"lacks the model's \['rope.family.frequencies'\]",
+        ),
+        (dict(depth=2), dict(depth=1), r"it has \['blocks.1.attn.proj.bias', .*\] and 6 more, which the model lacks"),
+        (dict(depth=1), dict(depth=2), r"it lacks the model's \['blocks.1.norm1.weight', .*\] and 6 more"),
+        (dict(reg_tokens=4), dict(), r"it has \['reg_token'\]"),
+        (dict(), dict(reg_tokens=4), r"lacks the model's \['reg_token'\]"),
+    ],
+)
+def test_checkpoint_of_another_model_is_refused_naming_the_keys(source, target, message, tmp_path):
+    """timm loads non-strictly when the classifier changes (num_classes=5 here): our filter refuses any key that
+    the model has and the checkpoint lacks, or the other way round, except the classifier's; also through
+    load_checkpoint, train.py's --initial-checkpoint."""
+    path = save(tiny(**{**SMALL, **source}), tmp_path / "w.safetensors")
+    with pytest.raises(ValueError, match=f"the checkpoint does not fit the model: .*{message}"):
+        tiny(**{**SMALL, **target}, num_classes=5, pretrained=True, pretrained_cfg_overlay=dict(file=path))
+    with pytest.raises(ValueError, match=message):
+        timm.models.load_checkpoint(tiny(**{**SMALL, **target}), path, filter_fn=vit_rope.checkpoint_filter_fn)
+
+
+def test_unrelated_checkpoint_is_refused_and_a_missing_head_is_not(tmp_path):
+    path = tmp_path / "other.safetensors"
+    save_file({"fc.weight": torch.zeros(3, 3)}, str(path))
+    with pytest.raises(ValueError, match=r"lacks the model's \['cls_token', .*it has \['fc.weight'\]"):
+        tiny(**SMALL, num_classes=5, pretrained=True, pretrained_cfg_overlay=dict(file=str(path)))
+    # a backbone saved without a classifier starts a classifier of its own: the only part that may be missing
+    backbone = tiny(**SMALL, num_classes=0)
+    model = tiny(**SMALL, num_classes=5, pretrained=True, pretrained_cfg_overlay=dict(file=save(backbone, path)))
+    torch.testing.assert_close(model.blocks[1].mlp.fc2.weight, backbone.blocks[1].mlp.fc2.weight)
+    assert model.head.weight.shape == (5, 192)
+
+
+def test_rope_scaling_modes_are_the_models_to_say():
+    kw = dict(depth=1, img_size=32, patch_size=8)
+    assert timm.create_model("vit_ape_tiny", **kw).rope_scaling_modes() == ()
+    assert timm.create_model("vit_rope_tiny", **kw).rope_scaling_modes() == ("none", "pi", "ntk", "yarn", "normalized")
+    mixed = timm.create_model("vit_rope_mixed_tiny", **kw)
+    assert mixed.rope_scaling_modes() == ("none", "pi", "normalized")
+    vo = timm.create_model("vit_rope_tiny", rope_targets="vo", **kw)
+    assert vo.rope_scaling_modes() == ("none", "pi", "ntk", "normalized")
+    with pytest.raises(ValueError, match="'ntk'.*this model.*takes"):
+        mixed.set_rope_scaling("ntk")
+    vo.set_rope_scaling("pi")
+    assert vo.rope.scaling == "pi"
+
+
 def test_mixed_checkpoint_roundtrip_keeps_frequencies(tmp_path):
     src = tiny("vit_rope_mixed_tiny")
     path = save(src, tmp_path / "m.safetensors")
@@ -579,6 +635,44 @@ def test_onnx_export_matches_eager(name, tmp_path):
 
 
 # -------------------------------------------------------------------------------------------------- errors
+def test_input_of_another_dtype_or_an_empty_batch_is_one_clear_error():
+    model = tiny().eval()
+    with pytest.raises(ValueError, match="dtype torch.float64 but the model's weights are torch.float32"):
+        model(torch.randn(1, 3, 32, 32, dtype=torch.float64))
+    with pytest.raises(ValueError, match="the batch is empty"):
+        model(torch.randn(0, 3, 32, 32))
+    with pytest.raises(ValueError, match="dtype torch.uint8; convert it to a float tensor"):
+        model(torch.zeros(1, 3, 32, 32, dtype=torch.uint8))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):  # under autocast any float input is fine
+        assert model(torch.randn(1, 3, 32, 32).bfloat16()).dtype == torch.bfloat16
+    assert model.double()(torch.randn(1, 3, 32, 32, dtype=torch.float64)).dtype == torch.float64
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(depth=0), "depth=0 must be an integer of at least 1"),
+        (dict(num_heads=2.5), "num_heads=2.5 must be an integer"),
+        (dict(reg_tokens=-1), "reg_tokens=-1 must be an integer of at least 0"),
+        (dict(mlp_ratio=0.0), "mlp_ratio=0.0 must be positive"),
+        (dict(drop_path_rate=1.0), r"drop_path_rate=1.0 must be in \[0, 1\)"),
+        (dict(patch_drop_rate=-0.1), r"patch_drop_rate=-0.1 must be in \[0, 1\)"),
+        (dict(rope_theta=0.0), "theta=0.0 must be positive"),
+        (dict(rope_scaling="pi", rope_scale=0.0), "scale=0.0 must be positive"),
+        (dict(rope_jitter=0.5), "jitter=0.5 must be at least 1"),
+        (dict(rope_coords="pixels"), "coords='pixels'"),
+        (dict(pos_embed="comrope", rope_options=dict(block_size=5)), "block_size=5 must be at least 2 and divide"),
+        (dict(pos_embed="spiral", rope_options=dict(directions=3)), "directions=3 does not fit"),
+        (dict(pos_embed="lookhere", rope_options=dict(fov=60)), "fov=60: choose 180, 90 or 45"),
+        (dict(pos_embed="liere", rope_options=dict(blocksize=4)), "takes no option blocksize; its options: block_size"),
+        (dict(pos_embed="lookhere", rope_targets="vo"), "an attention bias and turns nothing"),
+    ],
+)
+def test_model_arguments_out_of_range_name_the_argument(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        tiny(**kwargs)
+
+
 def test_bad_input_errors():
     model = tiny()
     with pytest.raises(ValueError, match="in_chans=1"):

@@ -101,13 +101,18 @@ def checkpoint_filter_fn(state_dict: dict[str, Tensor], model: nn.Module) -> dic
     * timm Eva's names (:func:`rename_timm_keys`);
     * APE resampled bicubically to the model's grid (rows of prefix tokens, as classic and register ViTs keep, dropped);
     * patch embedding resampled to another patch size, and adapted to another ``in_chans`` (timm's rule);
-    * a classifier of another size, or parameters the model lacks, are left to the model's own initialisation.
+    * a classifier of another size, or none, is left to the model's own initialisation. Any other key the model has
+      and the checkpoint lacks, or the other way round, is an error naming it: timm loads non-strictly when the head
+      changes, and another model's weights (APE into RoPE, another depth) must not load half-way.
     """
     state_dict = rename_timm_keys(unwrap_state_dict(state_dict))
     own = model.state_dict()
     out: dict[str, Tensor] = {}
+    unexpected = []
     for k, v in state_dict.items():
         if k not in own:
+            if not k.startswith("head."):  # a model without a classifier drops the checkpoint's
+                unexpected.append(k)
             continue
         if k == "pos_embed" and v.shape != own[k].shape:
             grid = list(model.patch_embed.grid_size)
@@ -123,10 +128,22 @@ def checkpoint_filter_fn(state_dict: dict[str, Tensor], model: nn.Module) -> dic
                 "create the model with the checkpoint's embed_dim/depth/num_heads"
             )
         out[k] = v
-    for k, v in own.items():  # what the checkpoint lacks (another pos_embed type, a new head) keeps its init
-        if k not in out and (k.startswith(("head.", "rope.")) or k in ("pos_embed", "reg_token")):
-            out[k] = v
-    return out
+    missing = [k for k in own if k not in out and not k.startswith("head.")]
+    if missing or unexpected:
+        lacks = [f"it lacks the model's {_some(missing)}"] if missing else []
+        has = [f"it has {_some(unexpected)}, which the model lacks"] if unexpected else []
+        raise ValueError(
+            f"the checkpoint does not fit the model: {'; '.join(lacks + has)} (only the classifier head may differ); "
+            "create the model the checkpoint was saved from (its pos_embed, depth, reg_tokens, ...) or load this "
+            "model's own checkpoint"
+        )
+    return {**{k: v for k, v in own.items() if k.startswith("head.")}, **out}  # a missing head keeps its init
+
+
+def _some(keys: list[str], most: int = 8) -> str:
+    """Up to ``most`` key names of a list, and how many more."""
+    more = f" and {len(keys) - most} more" if len(keys) > most else ""
+    return f"{keys[:most]}{more}"
 
 
 def video_embed_grid(n: int, grid: tuple[int, int, int]) -> tuple[int, int, int]:
@@ -161,8 +178,8 @@ def inflate_image_checkpoint(state_dict: dict[str, Tensor], model: nn.Module) ->
         if w.shape[-2:] != model.patch_embed.patch_size:
             w = resample_patch_embed(w, list(model.patch_embed.patch_size))
         state_dict["patch_embed.proj.weight"] = w.unsqueeze(2).repeat(1, 1, t, 1, 1) / t
-    pe = state_dict.pop("pos_embed", None)
-    if pe is not None and model.pos_embed is not None:
+    pe = state_dict.get("pos_embed")
+    if pe is not None and model.pos_embed is not None:  # (an APE the model lacks is left for the filter to refuse)
         T, H, W = model.patch_embed.grid_size
         n = pe.shape[1]
         if n == T * H * W:
@@ -175,5 +192,9 @@ def inflate_image_checkpoint(state_dict: dict[str, Tensor], model: nn.Module) ->
             state_dict["pos_embed"] = pe.reshape(1, 1, H * W, -1).expand(1, T, H * W, -1).reshape(1, T * H * W, -1)
     own = model.state_dict()
     for k in [k for k in state_dict if k.startswith("rope.") and k in own and state_dict[k].shape != own[k].shape]:
-        state_dict.pop(k)  # 2D learned position parameters do not map onto three axes: keep the 3D init
+        raise ValueError(
+            f"the checkpoint's learned position parameter {k} {tuple(state_dict[k].shape)} does not map onto the "
+            f"video model's {tuple(own[k].shape)} (three axes): a video model with a learned position encoding loads "
+            "only a video checkpoint of its family, depth and heads"
+        )
     return checkpoint_filter_fn(state_dict, model)

@@ -20,10 +20,12 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 from PIL import Image
+from timm.data import create_transform
 from torch import Tensor
 from torch.utils.data import Dataset
 from torchvision.datasets import ImageFolder
@@ -308,3 +310,141 @@ def torchvision_dataset(name: str, root: str, train: bool, transform) -> Dataset
             f"could not download {name} into {root!r} ({e}); without network access, put the dataset files there "
             "yourself (torchvision's layout) or use --dataset synthetic"
         ) from e
+
+
+# ------------------------------------------------------------------------------------------- train.py's data
+EvalSets = Callable[[int, str], Dataset]  # (eval size, protocol 'resize' or 'native') → the validation set
+
+
+def is_video(dataset: str) -> bool:
+    return dataset in VIDEO_DATASETS
+
+
+class Standardize:
+    """``(x - mean) / std`` per channel of an image (C, H, W) or a clip (C, T, H, W); a class, so that DataLoader
+    workers started by spawning can pickle it."""
+
+    def __init__(self, mean: Sequence[float], std: Sequence[float]) -> None:
+        self.mean, self.std = torch.tensor(mean), torch.tensor(std)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        shape = (-1,) + (1,) * (x.ndim - 1)
+        return (x - self.mean.view(shape)) / self.std.view(shape)
+
+
+def resize_clip(clip: Tensor, size: int) -> Tensor:
+    """A clip (C, T, H, W) resized spatially to size × size: the 'resize' protocol for clips."""
+    return F.interpolate(clip, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
+
+
+class ValidationAt(Dataset):
+    """A validation set at another size: each built-in scene or clip rendered natively there (``native``), else
+    each item as it comes; then ``transform``."""
+
+    def __init__(self, ds: Dataset, size: int, native: bool, transform: Callable[[Tensor], Tensor]) -> None:
+        self.ds, self.size, self.native, self.transform = ds, size, native, transform
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def __getitem__(self, i: int):
+        x, y = self.ds.render(i, (self.size, self.size)) if self.native else self.ds[i]
+        return self.transform(x), y
+
+
+def image_transforms(cfg: dict, dc: dict) -> tuple[Callable, Callable[[int], Callable]]:
+    """timm's training transform at ``img_size`` (train.py's augmentation keys), and the eval transform at a size."""
+    train_tf = create_transform(
+        input_size=(3, cfg["img_size"], cfg["img_size"]),
+        is_training=True,
+        no_aug=cfg["no_aug"],
+        hflip=cfg["hflip"],
+        scale=tuple(cfg["scale"]),
+        auto_augment=cfg["auto_augment"],
+        interpolation="bicubic",
+        mean=dc["mean"],
+        std=dc["std"],
+    )
+
+    def eval_tf(size: int):
+        # the whole image, resized (shorter side to size, centre crop at ratio 1.0: RoPE-ViT's protocol)
+        return create_transform(
+            input_size=(3, size, size), crop_pct=1.0, interpolation="bicubic", mean=dc["mean"], std=dc["std"]
+        )
+
+    return train_tf, eval_tf
+
+
+def build_data(cfg: dict, dc: dict) -> tuple[Dataset | None, EvalSets, int]:
+    """The training set (None with ``eval_only`` where there is none), a factory ``(size, protocol) -> eval
+    dataset``, and the number of classes, for train.py's config ``cfg``; ``dc`` is the model's data config (its
+    normalisation)."""
+    name, root = cfg["dataset"], cfg["data_dir"]
+    if name not in IMAGE_DATASETS + VIDEO_DATASETS:
+        raise ValueError(f"unknown dataset {name!r}; choose one of {IMAGE_DATASETS + VIDEO_DATASETS}")
+    if name == "synthetic_video":
+        kw = dict(
+            img_size=cfg["img_size"], num_frames=cfg["num_frames"], seed=cfg["seed"], mean=dc["mean"], std=dc["std"]
+        )
+        train = SyntheticMotion(cfg["train_samples"], split="train", **kw)
+        val = SyntheticMotion(cfg["val_samples"], split="val", **kw)
+
+        def clips(size, protocol):
+            if protocol == "native":
+                return ValidationAt(val, size, True, Standardize(dc["mean"], dc["std"]))
+            return ValidationAt(val, size, False, partial(resize_clip, size=size))
+
+        return train, clips, val.num_classes
+    if name in ("imagefolder", "clipfolder"):
+        return folder_data(cfg, dc)
+    train_tf, eval_tf = image_transforms(cfg, dc)
+    if name == "synthetic":
+        train = SyntheticScenes(cfg["train_samples"], cfg["img_size"], cfg["seed"], "train", transform=train_tf)
+        val = SyntheticScenes(cfg["val_samples"], cfg["img_size"], cfg["seed"], "val")
+
+        def make(size, protocol):
+            if protocol == "native":
+                return ValidationAt(val, size, True, Standardize(dc["mean"], dc["std"]))
+            return SyntheticScenes(cfg["val_samples"], cfg["img_size"], cfg["seed"], "val", transform=eval_tf(size))
+
+        return train, make, val.num_classes
+    train = None if cfg["eval_only"] else torchvision_dataset(name, root, True, train_tf)
+    val = torchvision_dataset(name, root, False, eval_tf(cfg["img_size"]))
+    return train, (lambda s, p: torchvision_dataset(name, root, False, eval_tf(s))), len(val.classes)
+
+
+def folder_data(cfg: dict, dc: dict) -> tuple[Dataset | None, EvalSets, int]:
+    """``build_data`` for ``imagefolder`` and ``clipfolder``: every split numbered as the training split (torchvision
+    sorts each folder's classes on its own), the class count from it (from val with eval_only and no train/), and
+    clips read from their frames at each evaluation size."""
+    name, root = cfg["dataset"], cfg["data_dir"]
+    layout = (
+        "root/train/<class>/ and root/val/<class>/"
+        if name == "imagefolder"
+        else "root/{train,val}/<class>/<clip>/<frames>"
+    )
+    train_root, val_root = os.path.join(root, "train"), os.path.join(root, "val")
+    for split in (train_root, val_root):
+        if not os.path.isdir(split) and not (split == train_root and cfg["eval_only"]):
+            raise FileNotFoundError(f"{split!r} is missing; {name} needs {layout}")
+    if name == "imagefolder":
+        train_tf, eval_tf = image_transforms(cfg, dc)
+
+        def make(root: str, size: int, class_to_idx: dict | None = None, train: bool = False) -> Dataset:
+            return CheckedImageFolder(root, train_tf if train else eval_tf(size), class_to_idx)
+    else:
+
+        def make(root: str, size: int, class_to_idx: dict | None = None, train: bool = False) -> Dataset:
+            # read at the requested size: resizing clips already shrunk to img_size would upsample them
+            return ClipFolder(root, size, cfg["num_frames"], dc["mean"], dc["std"], class_to_idx)
+
+    train = None
+    if not cfg["eval_only"]:
+        train = make(train_root, cfg["img_size"], train=True)
+        class_to_idx = train.class_to_idx
+    elif os.path.isdir(train_root):  # evaluating a model trained on this folder: its numbering
+        class_to_idx = class_folders(train_root)
+    else:
+        class_to_idx = make(val_root, cfg["img_size"]).class_to_idx
+    make(val_root, cfg["img_size"], class_to_idx)  # a val class training never saw is an error now, not after training
+    return train, (lambda s, p: make(val_root, s, class_to_idx)), len(class_to_idx)

@@ -491,16 +491,16 @@ class VisionTransformer(nn.Module):
         return take_indices
 
 
-def check_sizes(**sizes: float) -> None:
-    """Model sizes that must be positive (register tokens: at least 0): one clear error naming the argument."""
-    for name, value in sizes.items():
-        low = 0 if name == "reg_tokens" else 1
-        if not value >= low or (name != "mlp_ratio" and value != int(value)):
-            raise ValueError(f"{name}={value} must be {'an integer ' if name != 'mlp_ratio' else ''}>= {low}")
-    if sizes["embed_dim"] % sizes["num_heads"]:
-        raise ValueError(
-            f"embed_dim={sizes['embed_dim']} is not divisible by num_heads={sizes['num_heads']}; choose a divisor"
-        )
+def check_sizes(embed_dim: int, depth: int, num_heads: int, mlp_ratio: float, reg_tokens: int) -> None:
+    """Model sizes out of range: one clear error naming the argument."""
+    for name, value, low in (("embed_dim", embed_dim, 1), ("depth", depth, 1), ("num_heads", num_heads, 1),
+                             ("reg_tokens", reg_tokens, 0)):  # fmt: skip
+        if not isinstance(value, int) or value < low:
+            raise ValueError(f"{name}={value!r} must be an integer of at least {low}")
+    if not mlp_ratio > 0:
+        raise ValueError(f"mlp_ratio={mlp_ratio} must be positive")
+    if embed_dim % num_heads:
+        raise ValueError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}; choose a divisor")
 
 
 def check_rates(**rates: float) -> None:
