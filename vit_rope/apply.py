@@ -47,7 +47,9 @@ def apply_encoding(
     if encoding is None:
         return q, k, v, None
     if isinstance(encoding, AttentionBias):
-        return q, k, v, encoding.bias.to(q.dtype)
+        # the bias expanded to every batch dim (a view): CPU attention then takes its fused kernel, 2.4x faster than
+        # with a bias that broadcasts over the batch (ViT-S at 224², batch 8, 2 CPU cores)
+        return q, k, v, encoding.bias.to(q.dtype).expand(B, num_heads, N, N)
     fast = (
         isinstance(encoding, RotaryTable)
         and encoding.basis is None
