@@ -12,7 +12,9 @@ def main() -> None:
     print(rope)
     table = rope.table((14, 14), dtype=torch.float64)
     angles = torch.atan2(table.sin, table.cos)
-    print("token (row 1, col 2): first x pairs", angles[1 + 16, :3].tolist(), "first y pairs", angles[17, 16:19].tolist())
+    print(
+        "token (row 1, col 2): first x pairs", angles[1 + 16, :3].tolist(), "first y pairs", angles[17, 16:19].tolist()
+    )
 
     print("\n<R(a) q, R(b) k> for the same offset b - a at three places, random learned parameters:")
     q, k = torch.randn(2, 1, 2, 1, 64, dtype=torch.float64)
@@ -27,7 +29,9 @@ def main() -> None:
             rq = layer(q.expand(-1, -1, 2, -1), positions=pos)[..., 0, :]
             rk = layer(k.expand(-1, -1, 2, -1), positions=pos)[..., 1, :]
             scores.append(f"{(rq * rk).sum(-1)[0, 0].item():+.9f}")
-        print(f"  {name:11s} {'  '.join(scores)}{'   (not commuting: only approximately relative)' * (name == 'liere')}")
+        print(
+            f"  {name:11s} {'  '.join(scores)}{'   (not commuting: only approximately relative)' * (name == 'liere')}"
+        )
 
     print("\nangle between neighbouring columns, lowest x frequency, 28x28 grid of a model trained at 14x14:")
     for mode in ("none", "pi", "ntk", "yarn", "normalized"):

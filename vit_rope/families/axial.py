@@ -10,16 +10,15 @@ order is ``[w | h | t]``. Channels no section takes stay unrotated. A fixed ladd
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
 from ..tables import RotaryTable
 from . import register_family
-from .base import Extrapolation, Family, check_axis_dims, check_layout
+from .base import Extrapolation, PairFamily, sections
 
-__all__ = ["Axial", "frequency_ladder", "yarn_frequencies"]
+__all__ = ["Axial", "frequency_ladder", "yarn_frequencies", "yarn_temperature"]
 
 
 def yarn_frequencies(f: Tensor, s: float, length: float, beta_fast: float, beta_slow: float) -> Tensor:
@@ -32,12 +31,7 @@ def yarn_frequencies(f: Tensor, s: float, length: float, beta_fast: float, beta_
 
 
 def frequency_ladder(
-    d: int,
-    theta: float,
-    mode: str = "none",
-    s: float = 1.0,
-    length: float = 0.0,
-    yarn_beta: tuple[float, float] = (32.0, 1.0),
+    d: int, theta: float, mode: str = "none", s: float = 1.0, length: float = 0.0, yarn_beta=(32.0, 1.0)
 ) -> Tensor:
     """The ``d // 2`` frequencies ``theta ** (-2j / d)`` of a section of d channels (float64), under NTK-aware
     scaling (``theta · s ** (d / (d - 2))``) or YaRN's ramp (against ``length``, the reference grid's extent)."""
@@ -53,43 +47,26 @@ def yarn_temperature(s: float) -> float:
 
 
 @register_family
-class Axial(Family):
+class Axial(PairFamily):
     """Axial RoPE: fixed frequencies, one section of channels per axis (``axis_dims`` in grid axis order)."""
 
     name = "axial"
     scaling_modes = ("none", "pi", "ntk", "yarn", "normalized")
     model_name = "rope"
 
-    def __init__(
-        self,
-        dim: int,
-        axes: int,
-        *,
-        theta: float = 100.0,
-        layout: str = "interleaved",
-        axis_dims: Sequence[int] | None = None,
-        rotate_fraction: float | None = None,
-        yarn_beta: tuple[float, float] = (32.0, 1.0),
-        **common,
-    ) -> None:
-        super().__init__(dim, axes, **common)
-        if not theta > 0:
-            raise ValueError(f"theta={theta} must be positive (100 is RoPE-ViT's choice, 10000 the language models')")
-        self.theta, self.layout, self.yarn_beta = float(theta), check_layout(layout), tuple(yarn_beta)
-        self.axis_dims = check_axis_dims(dim, axes, axis_dims, rotate_fraction)
+    def __init__(self, dim: int, axes: int, *, yarn_beta: tuple[float, float] = (32.0, 1.0), **kwargs) -> None:
+        super().__init__(dim, axes, **kwargs)
+        self.yarn_beta = tuple(yarn_beta)
 
     def frequency_matrix(self, extrapolation: Extrapolation | None = None) -> Tensor:
         """The ``(axes, dim // 2)`` float64 frequency matrix, zero where a pair ignores an axis."""
         ext = extrapolation or Extrapolation(scales=(1.0,) * self.axes)
         F = torch.zeros(self.axes, self.dim // 2, dtype=torch.float64)
-        start = 0
-        for axis in reversed(range(self.axes)):  # sections from the last grid axis (x) to the first
-            d = self.axis_dims[axis]
+        for axis, pairs in sections(self.axis_dims):
             length = ext.ref_grid[axis] if ext.ref_grid else 0.0
-            F[axis, start : start + d // 2] = frequency_ladder(
-                d, self.theta, ext.mode, ext.scales[axis], length, self.yarn_beta
+            F[axis, pairs] = frequency_ladder(
+                self.axis_dims[axis], self.theta, ext.mode, ext.scales[axis], length, self.yarn_beta
             )
-            start += d // 2
         return F
 
     def forward(self, coords: Tensor, extrapolation: Extrapolation) -> RotaryTable:
@@ -101,11 +78,7 @@ class Axial(Family):
     def temperature(self, extrapolation: Extrapolation) -> Tensor | None:
         if extrapolation.mode != "yarn" or max(extrapolation.scales) <= 1:
             return None
-        m, start = torch.ones(self.dim // 2, dtype=torch.float64), 0
-        for axis in reversed(range(self.axes)):
-            m[start : start + self.axis_dims[axis] // 2] = yarn_temperature(extrapolation.scales[axis])
-            start += self.axis_dims[axis] // 2
+        m = torch.ones(self.dim // 2, dtype=torch.float64)
+        for axis, pairs in sections(self.axis_dims):
+            m[pairs] = yarn_temperature(extrapolation.scales[axis])
         return m
-
-    def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, axis_dims={self.axis_dims}, theta={self.theta}, layout={self.layout}"

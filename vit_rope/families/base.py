@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from ..coords import COORDINATE_MODES
 from ..tables import Encoding
 
-__all__ = ["Extrapolation", "Family", "check_axis_dims", "check_layout", "default_axis_dims", "head_angles"]
+__all__ = ["Extrapolation", "Family", "PairFamily", "check_axis_dims", "default_axis_dims", "head_angles", "sections"]
 
 
 @dataclass(frozen=True)
@@ -30,14 +30,16 @@ class Family(nn.Module):
 
     A subclass sets ``name`` (its registry key), ``scaling_modes`` (the extrapolation modes it supports: every family
     has the coordinate modes; NTK and YaRN need a fixed frequency ladder), ``rotary`` (False for a bias), and optionally
-    ``model_name`` (timm then registers ``vit_<model_name>_{tiny,small,base}``). ``depth=None`` shares one encoding
-    across layers; with ``depth`` a learned family may learn one per layer and sets ``per_layer``.
+    ``model_name`` (timm then registers ``vit_<model_name>_{tiny,small,base}``), ``per_head`` (it needs
+    ``num_heads``). ``depth=None`` shares one encoding across layers; with ``depth`` a learned family may learn one per
+    layer and sets ``per_layer``.
     """
 
     name: ClassVar[str]
     scaling_modes: ClassVar[tuple[str, ...]] = COORDINATE_MODES
     rotary: ClassVar[bool] = True
     model_name: ClassVar[str | None] = None
+    per_head: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -49,6 +51,8 @@ class Family(nn.Module):
         ref_grid: Sequence[int] | None = None,
     ) -> None:
         super().__init__()
+        if self.per_head and num_heads is None:
+            raise ValueError(f"freqs={self.name!r} works per head: pass num_heads")
         self.dim, self.axes, self.num_heads, self.depth = dim, axes, num_heads, depth
         self.ref_grid = None if ref_grid is None else tuple(ref_grid)
         self.per_layer = False
@@ -71,10 +75,47 @@ class Family(nn.Module):
         return f"dim={self.dim}, axes={self.axes}, heads={self.num_heads}, per_layer={self.per_layer}"
 
 
-def check_layout(layout: str) -> str:
-    if layout not in ("interleaved", "half"):
-        raise ValueError(f"layout={layout!r}: choose 'interleaved' (pairs 2i, 2i+1) or 'half' (i, i + dim/2)")
-    return layout
+class PairFamily(Family):
+    """A family whose tables turn channel pairs: ``theta`` (the base of its frequency ladder), ``layout``
+    (``"interleaved"`` pairs channels (2i, 2i+1), ``"half"`` pairs i with i + dim/2), and the channels each axis turns
+    (``axis_dims`` in grid axis order, or ``rotate_fraction`` of the channels in equal even sections)."""
+
+    default_theta: ClassVar[float] = 100.0
+
+    def __init__(
+        self,
+        dim: int,
+        axes: int,
+        *,
+        theta: float | None = None,
+        layout: str = "interleaved",
+        axis_dims: Sequence[int] | None = None,
+        rotate_fraction: float | None = None,
+        **common,
+    ) -> None:
+        super().__init__(dim, axes, **common)
+        theta = self.default_theta if theta is None else theta
+        if not theta > 0:
+            raise ValueError(
+                f"theta={theta} must be positive (axial RoPE's is 100 for ViTs, 10000 for language models)"
+            )
+        if layout not in ("interleaved", "half"):
+            raise ValueError(f"layout={layout!r}: choose 'interleaved' (pairs 2i, 2i+1) or 'half' (i, i + dim/2)")
+        self.theta, self.layout = float(theta), layout
+        self.axis_dims = check_axis_dims(dim, axes, axis_dims, rotate_fraction)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, axis_dims={self.axis_dims}, theta={self.theta}, layout={self.layout}"
+
+
+def sections(axis_dims: Sequence[int], start: int = 0) -> list[tuple[int, slice]]:
+    """(axis, the pairs it turns) of each axis's section, laid out from the last grid axis to the first (2D: x then
+    y), from pair ``start`` on."""
+    out = []
+    for axis in reversed(range(len(axis_dims))):
+        out.append((axis, slice(start, start + axis_dims[axis] // 2)))
+        start += axis_dims[axis] // 2
+    return out
 
 
 def default_axis_dims(dim: int, axes: int, rotate_fraction: float = 1.0) -> tuple[int, ...]:

@@ -29,12 +29,12 @@ __all__ = ["ComRoPEAP", "ComRoPELD"]
 class _ComRoPE(Family):
     """What AP and LD share: one learned skew block per (layer, head, block), turned per token by ``turns``."""
 
+    per_head = True
+
     def __init__(
         self, dim: int, axes: int, *, block_size: int = 8, init_std: float = 1.0, per_layer: bool = True, **common
     ) -> None:
         super().__init__(dim, axes, **common)
-        if self.num_heads is None:
-            raise ValueError(f"freqs={self.name!r} learns generators per head: pass num_heads")
         if block_size < 2 or dim % block_size:
             raise ValueError(f"block_size={block_size} must be at least 2 and divide dim={dim} (the paper uses 8)")
         if not init_std > 0:

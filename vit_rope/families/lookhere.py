@@ -50,13 +50,12 @@ class LookHere(Family):
     name = "lookhere"
     rotary = False
     model_name = "lookhere"
+    per_head = True
 
     def __init__(self, dim: int, axes: int, *, fov: int = 90, global_slope: float = 1.0, **common) -> None:
         super().__init__(dim, axes, **common)
         if axes != 2:
             raise ValueError("LookHere's fields of view are directions of the image plane: it needs axes=2")
-        if self.num_heads is None:
-            raise ValueError("LookHere gives each head its own field of view: pass num_heads")
         if fov not in WEDGES:
             raise ValueError(f"fov={fov}: choose 180, 90 or 45 (LH-180, LH-90, LH-45)")
         if not global_slope > 0:

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from ..tables import RotaryTable
 from . import register_family
-from .base import Extrapolation, Family, check_axis_dims, check_layout, head_angles
+from .base import Extrapolation, PairFamily, head_angles
 
 __all__ = ["Mixed", "mixed_frequency_init"]
 
@@ -49,33 +49,18 @@ def mixed_frequency_init(
 
 
 @register_family
-class Mixed(Family):
+class Mixed(PairFamily):
     """RoPE-Mixed: learned frequencies per head, and per layer when ``depth`` is given and ``per_layer`` is True."""
 
     name = "mixed"
     model_name = "rope_mixed"
+    per_head = True
+    default_theta = 10.0  # the magnitudes of its init
 
-    def __init__(
-        self,
-        dim: int,
-        axes: int,
-        *,
-        theta: float = 10.0,
-        layout: str = "interleaved",
-        axis_dims: Sequence[int] | None = None,
-        rotate_fraction: float | None = None,
-        per_layer: bool = True,
-        **common,
-    ) -> None:
-        super().__init__(dim, axes, **common)
-        if self.num_heads is None:
-            raise ValueError("freqs='mixed' learns frequencies per head: pass num_heads")
-        if not theta > 0:
-            raise ValueError(f"theta={theta} must be positive (10 is RoPE-Mixed's init)")
-        self.axis_dims = check_axis_dims(dim, axes, axis_dims, rotate_fraction)
+    def __init__(self, dim: int, axes: int, *, per_layer: bool = True, **kwargs) -> None:
+        super().__init__(dim, axes, **kwargs)
         if len(set(self.axis_dims)) != 1:
             raise ValueError(f"freqs='mixed' needs equal axis_dims, got {self.axis_dims}")
-        self.theta, self.layout = float(theta), check_layout(layout)
         self.per_layer = per_layer and self.depth is not None
         depth = self.depth if self.per_layer else None
         self.frequencies = nn.Parameter(mixed_frequency_init(self.axis_dims, self.num_heads, self.theta, depth))
@@ -85,6 +70,3 @@ class Mixed(Family):
         F = nn.functional.pad(self.frequencies.to(dtype), (0, self.dim // 2 - self.frequencies.shape[-1]))
         angles = head_angles(coords.to(dtype), F)  # ([B,] [layer,] heads, N, P); unrotated pairs have frequency 0
         return RotaryTable(angles.cos(), angles.sin(), self.layout, per_layer=self.per_layer)
-
-    def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, axis_dims={self.axis_dims}, theta={self.theta}, layout={self.layout}"

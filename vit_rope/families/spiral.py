@@ -15,7 +15,6 @@ ladder, so NTK and YaRN apply, with one scale for the plane (the larger of its t
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -23,7 +22,7 @@ from torch import Tensor
 from ..tables import RotaryTable
 from . import register_family
 from .axial import frequency_ladder, yarn_temperature
-from .base import Extrapolation, Family, check_axis_dims, check_layout
+from .base import Extrapolation, PairFamily, sections
 
 __all__ = ["Spiral", "direction_frequencies"]
 
@@ -38,7 +37,7 @@ def direction_frequencies(plane_dims: int, directions: int, ladder: Tensor) -> T
 
 
 @register_family
-class Spiral(Family):
+class Spiral(PairFamily):
     """Spiral RoPE: K directions spread over the half-turn (``directions``; default the most, up to 8, that fit)."""
 
     name = "spiral"
@@ -50,22 +49,15 @@ class Spiral(Family):
         dim: int,
         axes: int,
         *,
-        theta: float = 100.0,
-        layout: str = "interleaved",
         directions: int | None = None,
-        axis_dims: Sequence[int] | None = None,
-        rotate_fraction: float | None = None,
         yarn_beta: tuple[float, float] = (32.0, 1.0),
-        **common,
+        **kwargs,
     ) -> None:
-        super().__init__(dim, axes, **common)
         if axes < 2:
             raise ValueError("spiral RoPE turns with directions of the image plane: it needs axes >= 2")
-        if not theta > 0:
-            raise ValueError(f"theta={theta} must be positive")
-        self.theta, self.layout, self.yarn_beta = float(theta), check_layout(layout), tuple(yarn_beta)
-        self.axis_dims = check_axis_dims(dim, axes, axis_dims, rotate_fraction)
-        self.plane_dims = self.axis_dims[-1] + self.axis_dims[-2]
+        super().__init__(dim, axes, **kwargs)
+        self.yarn_beta = tuple(yarn_beta)
+        self.plane_dims = self.axis_dims[-1] + self.axis_dims[-2]  # the (rows, cols) plane's channels
         fits = [k for k in range(2, self.plane_dims // 4 + 1, 2) if (self.plane_dims // 4) % k == 0]
         if directions is None:
             directions = max([k for k in fits if k <= 8], default=0)
@@ -81,23 +73,25 @@ class Spiral(Family):
         section per leading axis (from the last to the first, as axial RoPE lays them out)."""
         ext = extrapolation or Extrapolation(scales=(1.0,) * self.axes)
         F = torch.zeros(self.axes, self.dim // 2, dtype=torch.float64)
-        s = max(ext.scales[-2:])
+        plane = slice(0, self.plane_dims // 2)
         length = max(ext.ref_grid[-2:]) if ext.ref_grid else 0.0
-        ladder = frequency_ladder(self.plane_dims // 2, self.theta, ext.mode, s, length, self.yarn_beta)
+        ladder = frequency_ladder(
+            self.plane_dims // 2, self.theta, ext.mode, self.plane_scale(ext), length, self.yarn_beta
+        )
         freqs = direction_frequencies(self.plane_dims, self.directions, ladder)  # (K, pairs per direction)
         angle = torch.arange(self.directions, dtype=torch.float64) * math.pi / self.directions
-        row, col = self.axes - 2, self.axes - 1
-        F[col, : self.plane_dims // 2] = (angle.cos()[:, None] * freqs).flatten()  # x component of u_k
-        F[row, : self.plane_dims // 2] = (angle.sin()[:, None] * freqs).flatten()  # y component
-        start = self.plane_dims // 2
-        for axis in reversed(range(self.axes - 2)):
-            d = self.axis_dims[axis]
+        F[-1, plane] = (angle.cos()[:, None] * freqs).flatten()  # u_k's x component turns with the column
+        F[-2, plane] = (angle.sin()[:, None] * freqs).flatten()  # its y component with the row
+        for axis, pairs in sections(self.axis_dims[:-2], start=plane.stop):
             length = ext.ref_grid[axis] if ext.ref_grid else 0.0
-            F[axis, start : start + d // 2] = frequency_ladder(
-                d, self.theta, ext.mode, ext.scales[axis], length, self.yarn_beta
+            F[axis, pairs] = frequency_ladder(
+                self.axis_dims[axis], self.theta, ext.mode, ext.scales[axis], length, self.yarn_beta
             )
-            start += d // 2
         return F
+
+    def plane_scale(self, extrapolation: Extrapolation) -> float:
+        """One scale factor for the plane (directions mix its axes): the larger of its two."""
+        return max(extrapolation.scales[-2:])
 
     def forward(self, coords: Tensor, extrapolation: Extrapolation) -> RotaryTable:
         angles = coords @ self.frequency_matrix(extrapolation).to(coords)  # (..., N, P)
@@ -109,12 +103,10 @@ class Spiral(Family):
         if extrapolation.mode != "yarn" or max(extrapolation.scales) <= 1:
             return None
         m = torch.ones(self.dim // 2, dtype=torch.float64)
-        m[: self.plane_dims // 2] = yarn_temperature(max(extrapolation.scales[-2:]))
-        start = self.plane_dims // 2
-        for axis in reversed(range(self.axes - 2)):
-            m[start : start + self.axis_dims[axis] // 2] = yarn_temperature(extrapolation.scales[axis])
-            start += self.axis_dims[axis] // 2
+        m[: self.plane_dims // 2] = yarn_temperature(self.plane_scale(extrapolation))
+        for axis, pairs in sections(self.axis_dims[:-2], start=self.plane_dims // 2):
+            m[pairs] = yarn_temperature(extrapolation.scales[axis])
         return m
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, directions={self.directions}, plane_dims={self.plane_dims}, theta={self.theta}"
+        return f"{super().extra_repr()}, directions={self.directions}"

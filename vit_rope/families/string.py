@@ -10,15 +10,13 @@ states neither), so a model starts as axial RoPE. Learned frequencies: NTK and Y
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 from torch import Tensor, nn
 
 from ..tables import RotaryTable
 from . import register_family
-from .axial import Axial
-from .base import Extrapolation, Family, head_angles
+from .axial import frequency_ladder
+from .base import Extrapolation, PairFamily, head_angles, sections
 
 __all__ = ["CayleyString", "cayley"]
 
@@ -31,34 +29,23 @@ def cayley(skew: Tensor) -> Tensor:
 
 
 @register_family
-class CayleyString(Family):
+class CayleyString(PairFamily):
     """Cayley-STRING: a learned orthogonal basis per head around axial RoPE with learned frequencies."""
 
     name = "string"
     model_name = "string"
+    per_head = True
 
-    def __init__(
-        self,
-        dim: int,
-        axes: int,
-        *,
-        theta: float = 100.0,
-        layout: str = "interleaved",
-        axis_dims: Sequence[int] | None = None,
-        rotate_fraction: float | None = None,
-        per_layer: bool = True,
-        **common,
-    ) -> None:
-        super().__init__(dim, axes, **common)
-        if self.num_heads is None:
-            raise ValueError("freqs='string' learns a basis per head: pass num_heads")
-        axial = Axial(dim, axes, theta=theta, layout=layout, axis_dims=axis_dims, rotate_fraction=rotate_fraction)
-        self.axis_dims, self.layout = axial.axis_dims, layout
+    def __init__(self, dim: int, axes: int, *, per_layer: bool = True, **kwargs) -> None:
+        super().__init__(dim, axes, **kwargs)
         self.per_layer = per_layer and self.depth is not None
         lead = (self.depth, self.num_heads) if self.per_layer else (self.num_heads,)
-        F = axial.frequency_matrix()  # (axes, dim // 2): one non-zero a pair
-        self.register_buffer("axis_of_pair", (F != 0).to(torch.float32), persistent=False)  # which axis turns a pair
-        self.frequencies = nn.Parameter(F.sum(0).float().expand(*lead, -1).clone())  # ([layer,] heads, dim // 2)
+        ladder, pair_axis = torch.zeros(dim // 2, dtype=torch.float64), torch.zeros(axes, dim // 2)
+        for axis, pairs in sections(self.axis_dims):  # axial RoPE's layout: each pair turns with one axis
+            ladder[pairs] = frequency_ladder(self.axis_dims[axis], self.theta)
+            pair_axis[axis, pairs] = 1.0
+        self.register_buffer("axis_of_pair", pair_axis, persistent=False)
+        self.frequencies = nn.Parameter(ladder.float().expand(*lead, -1).clone())  # ([layer,] heads, dim // 2)
         self.skew = nn.Parameter(torch.zeros(*lead, dim, dim))  # S = A - Aᵀ
 
     def basis(self) -> Tensor:
@@ -71,6 +58,3 @@ class CayleyString(Family):
         F = f.unsqueeze(-2) * self.axis_of_pair.to(f)  # ([layer,] heads, axes, dim // 2)
         angles = head_angles(coords.to(f.dtype), F)  # ([B,] [layer,] heads, N, dim // 2)
         return RotaryTable(angles.cos(), angles.sin(), self.layout, basis=self.basis(), per_layer=self.per_layer)
-
-    def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, axis_dims={self.axis_dims}, layout={self.layout}"
