@@ -14,7 +14,6 @@ import math
 import torch
 from torch import Tensor
 
-from ..tables import RotaryTable
 from . import register_family
 from .base import Extrapolation, PairFamily, sections
 
@@ -68,12 +67,6 @@ class Axial(PairFamily):
                 self.axis_dims[axis], self.theta, ext.mode, ext.scales[axis], length, self.yarn_beta
             )
         return F
-
-    def forward(self, coords: Tensor, extrapolation: Extrapolation) -> RotaryTable:
-        angles = coords @ self.frequency_matrix(extrapolation).to(coords)  # (..., N, P): one non-zero product a pair
-        if coords.ndim == 3:  # per-sample positions (B, N, axes): a head dim to broadcast over
-            angles = angles.unsqueeze(1)
-        return RotaryTable(angles.cos(), angles.sin(), self.layout)
 
     def temperature(self, extrapolation: Extrapolation) -> Tensor | None:
         if extrapolation.mode != "yarn" or max(extrapolation.scales) <= 1:

@@ -9,7 +9,7 @@ from typing import ClassVar
 from torch import Tensor, nn
 
 from ..coords import COORDINATE_MODES
-from ..tables import Encoding
+from ..tables import Encoding, RotaryTable
 
 __all__ = ["Extrapolation", "Family", "PairFamily", "check_axis_dims", "default_axis_dims", "head_angles", "sections"]
 
@@ -103,6 +103,17 @@ class PairFamily(Family):
             raise ValueError(f"layout={layout!r}: choose 'interleaved' (pairs 2i, 2i+1) or 'half' (i, i + dim/2)")
         self.theta, self.layout = float(theta), layout
         self.axis_dims = check_axis_dims(dim, axes, axis_dims, rotate_fraction)
+
+    def frequency_matrix(self, extrapolation: Extrapolation | None = None) -> Tensor:
+        """A fixed family's ``(axes, dim // 2)`` frequency matrix (learned families override ``forward`` instead)."""
+        raise NotImplementedError
+
+    def forward(self, coords: Tensor, extrapolation: Extrapolation) -> RotaryTable:
+        """Each pair turns by ``coords · F[:, pair]`` under the frequency matrix F of this extrapolation."""
+        angles = coords @ self.frequency_matrix(extrapolation).to(coords)  # (..., N, P)
+        if coords.ndim == 3:  # per-sample positions (B, N, axes): a head dim to broadcast over
+            angles = angles.unsqueeze(1)
+        return RotaryTable(angles.cos(), angles.sin(), self.layout)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, axis_dims={self.axis_dims}, theta={self.theta}, layout={self.layout}"

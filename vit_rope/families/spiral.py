@@ -19,7 +19,6 @@ import math
 import torch
 from torch import Tensor
 
-from ..tables import RotaryTable
 from . import register_family
 from .axial import frequency_ladder, yarn_temperature
 from .base import Extrapolation, PairFamily, sections
@@ -92,12 +91,6 @@ class Spiral(PairFamily):
     def plane_scale(self, extrapolation: Extrapolation) -> float:
         """One scale factor for the plane (directions mix its axes): the larger of its two."""
         return max(extrapolation.scales[-2:])
-
-    def forward(self, coords: Tensor, extrapolation: Extrapolation) -> RotaryTable:
-        angles = coords @ self.frequency_matrix(extrapolation).to(coords)  # (..., N, P)
-        if coords.ndim == 3:  # per-sample positions (B, N, axes): a head dim to broadcast over
-            angles = angles.unsqueeze(1)
-        return RotaryTable(angles.cos(), angles.sin(), self.layout)
 
     def temperature(self, extrapolation: Extrapolation) -> Tensor | None:
         if extrapolation.mode != "yarn" or max(extrapolation.scales) <= 1:
