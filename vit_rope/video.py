@@ -22,7 +22,8 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, register_mo
 from torch import Tensor, nn
 
 from .checkpoint import inflate_image_checkpoint
-from .vit import SIZES, VisionTransformer, check_batch
+from .checks import check_batch
+from .vit import SIZES, VisionTransformer
 
 __all__ = ["TubeletEmbed", "VideoVisionTransformer"]
 

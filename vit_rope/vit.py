@@ -38,6 +38,7 @@ from torch import Tensor, nn
 
 from .attention import Attention, parse_rope_targets
 from .checkpoint import checkpoint_filter_fn, resample_grid_embed
+from .checks import check_global_pool, check_image_input, check_rates, check_sizes
 from .families import FAMILIES
 from .rope import PositionEncoding
 from .tables import Encoding
@@ -84,48 +85,6 @@ class Block(nn.Module):
     def forward(self, x: Tensor, pos: Encoding | None = None) -> Tensor:
         x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), pos)))
         return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
-
-
-@register_notrace_function
-def check_image_input(x: Tensor, in_chans: int, patch_size: Sequence[int], pad: bool, dtype: torch.dtype) -> None:
-    """One clear error for input an image model cannot take."""
-    if x.ndim != 4:
-        hint = " (a video clip? use a vit_rope3d_* model)" if x.ndim == 5 else ""
-        raise ValueError(f"image models take (B, C, H, W) input, got shape {tuple(x.shape)}{hint}")
-    check_batch(x, dtype)
-    if x.shape[1] != in_chans:
-        raise ValueError(
-            f"input has {x.shape[1]} channels but the model was built with in_chans={in_chans}; "
-            f"pass in_chans={x.shape[1]} to timm.create_model (pretrained patch weights are adapted)"
-        )
-    H, W = x.shape[-2:]
-    if not pad and (H % patch_size[0] or W % patch_size[1]):
-        raise ValueError(
-            f"input size {H}x{W} is not divisible by the patch size {patch_size[0]}x{patch_size[1]}; resize or crop "
-            "to a multiple of it, or create the model with dynamic_img_pad=True to pad instead"
-        )
-
-
-def check_batch(x: Tensor, dtype: torch.dtype) -> None:
-    """An empty batch, or input of another floating dtype than the weights outside autocast, is an error here rather
-    than deep inside a convolution."""
-    if x.shape[0] == 0:
-        raise ValueError("the batch is empty (batch size 0); pass at least one sample")
-    if not x.is_floating_point():
-        raise ValueError(f"input has dtype {x.dtype}; convert it to a float tensor, e.g. x.float() / 255")
-    if x.dtype != dtype and not torch.is_autocast_enabled(x.device.type):
-        raise ValueError(
-            f"input has dtype {x.dtype} but the model's weights are {dtype}; convert one to the other "
-            f"(x.to({dtype}) or model.to({x.dtype})), or run under torch.autocast"
-        )
-
-
-def check_global_pool(global_pool: str, class_token: bool) -> None:
-    """One clear error for a pooling the model cannot do."""
-    if global_pool not in ("", "token", "avg", "max"):
-        raise ValueError(f"global_pool={global_pool!r}: choose '', 'token', 'avg' or 'max'")
-    if global_pool == "token" and not class_token:
-        raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg' without one")
 
 
 @register_notrace_function
@@ -489,25 +448,6 @@ class VisionTransformer(nn.Module):
         if prune_head:
             self.reset_classifier(0, "")
         return take_indices
-
-
-def check_sizes(embed_dim: int, depth: int, num_heads: int, mlp_ratio: float, reg_tokens: int) -> None:
-    """Model sizes out of range: one clear error naming the argument."""
-    for name, value, low in (("embed_dim", embed_dim, 1), ("depth", depth, 1), ("num_heads", num_heads, 1),
-                             ("reg_tokens", reg_tokens, 0)):  # fmt: skip
-        if not isinstance(value, int) or value < low:
-            raise ValueError(f"{name}={value!r} must be an integer of at least {low}")
-    if not mlp_ratio > 0:
-        raise ValueError(f"mlp_ratio={mlp_ratio} must be positive")
-    if embed_dim % num_heads:
-        raise ValueError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}; choose a divisor")
-
-
-def check_rates(**rates: float) -> None:
-    """Dropout-like rates must lie in [0, 1): one clear error naming the argument."""
-    for name, value in rates.items():
-        if not 0.0 <= value < 1.0:
-            raise ValueError(f"{name}={value} must be in [0, 1)")
 
 
 # --------------------------------------------------------------------------------------------- registry
