@@ -12,6 +12,7 @@ machine adds stays visible, and the ratio of the fastest calls ("best"). Section
 
 * our ViT-S with axial RoPE against our own APE model (identical code but the position encoding), timm's DeiT-III
   (the same trunk with APE) and timm's RoPE ViT-S: inference forward and train step (forward, backward, AdamW);
+* attention's eager fast path (q and k turned as complex numbers) against the reference apply, same weights;
 * every family's ViT-S against axial RoPE (inference with tables cached per grid, and the train step);
 * activation memory of a train step (the bytes autograd saves for backward), RoPE against APE;
 * a 3D video model against the image model at equal token counts.
@@ -38,9 +39,11 @@ from pathlib import Path
 import timm
 import torch
 
-import vit_rope  # noqa: F401  (registers the models)
+import vit_rope  # registers the models
+import vit_rope.apply
 
 FIGURES: dict[str, float] = {}  # name -> value: the headline figures of this run (for --processes)
+SECTIONS = ["rope", "apply", "families", "video"]
 FAMILY_MODELS = {
     "mixed": "vit_rope_mixed_small",
     "string (folded)": "vit_string_small",
@@ -207,6 +210,34 @@ def families_against_axial(setup: Setup, batch: int, repeats: int, size: int = 2
         print(f"{size}px  {family}/axial throughput  forward {fwd}  train step {train}")
 
 
+class ReferenceApply(torch.nn.Module):
+    """``model`` with attention's eager fast path switched off: q and k turn through the reference apply (the
+    real-arithmetic rotation that compile and export use), so the fast path's win is measured on the same weights."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        fast = vit_rope.apply.tracing
+        vit_rope.apply.tracing = lambda: True  # the fast path is never taken while tracing
+        try:
+            return self.model(x)
+        finally:
+            vit_rope.apply.tracing = fast
+
+
+def fast_path_against_reference(setup: Setup, batch: int, repeats: int, size: int = 224) -> None:
+    fast = setup.model("vit_rope_small", img_size=size)
+    reference = setup.model("vit_rope_small", img_size=size)
+    reference.load_state_dict(fast.state_dict())
+    x = torch.randn(batch, 3, size, size, device=setup.device)
+    forward, step = setup.compare({"fast": fast, "reference": ReferenceApply(reference)}, x, repeats)
+    fwd = speed_ratio(forward, "fast", "reference", f"{size}px forward fast path/reference apply")
+    train = speed_ratio(step, "fast", "reference", f"{size}px train-step fast path/reference apply")
+    print(f"{size}px  ours RoPE, fast path / reference apply throughput  forward {fwd}  train step {train}")
+
+
 def video_against_image(setup: Setup, batch: int, repeats: int) -> None:
     """2×8×224² clips (2×16×16 tubelets) against 448² images: 784 tokens each."""
     b = max(batch // 4, 1)
@@ -264,9 +295,7 @@ def main() -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="autocast dtype")
     p.add_argument("--compile", action="store_true", help="torch.compile every model")
     p.add_argument("--malloc", default="keep", choices=["keep", "default"], help="see the docstring")
-    p.add_argument(
-        "--sections", nargs="+", default=["rope", "families", "video"], choices=["rope", "families", "video"]
-    )
+    p.add_argument("--sections", nargs="+", default=SECTIONS, choices=SECTIONS)
     p.add_argument("--processes", type=int, default=1, help="repeat the whole run in this many fresh processes")
     p.add_argument("--profile", action="store_true", help="only profile a train step of ours RoPE and ours APE")
     p.add_argument("--figures-json", help=argparse.SUPPRESS)  # where a child process leaves its figures
@@ -292,6 +321,8 @@ def main() -> None:
         return profile_train_steps(setup, args.batch, args.sizes[0])
     if "rope" in args.sections:
         rope_against_ape(setup, args.sizes, args.batch, args.repeats)
+    if "apply" in args.sections:
+        fast_path_against_reference(setup, args.batch, args.repeats)
     if "families" in args.sections:
         families_against_axial(setup, args.batch, args.repeats)
     if "video" in args.sections:

@@ -213,17 +213,52 @@ def test_lookhere_bias_is_built_once_per_grid():
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_kept_tokens_keep_their_positions(name):
     """The encoding of each sample's kept tokens equals the full grid's, gathered (rotating the whole sequence and
-    gathering gives the rotated kept tokens)."""
-    enc = randomized(PositionEncoding(DIM, 2, name, num_heads=HEADS, num_prefix_tokens=1))
-    grid, B, K = (4, 5), 3, 7
+    gathering gives the rotated kept tokens), in every layer of a per-layer family (3 layers, 2 samples: a layer
+    picked where a sample was meant, or the other way round, would not broadcast the same)."""
+    enc = randomized(PositionEncoding(DIM, 2, name, num_heads=HEADS, depth=3, num_prefix_tokens=1))
+    grid, B, K = (4, 5), 2, 7
     keep = torch.stack([torch.randperm(20)[:K] for _ in range(B)])  # (B, K) patch indices, as timm's PatchDropout
     rows = torch.cat((torch.zeros(B, 1, dtype=torch.long), keep + 1), dim=1)  # the prefix token stays first
     full, part = enc.table(grid, dtype=F64), enc.table(grid, keep=keep, dtype=F64)
-    if not FAMILIES[name].rotary:
-        gathered = torch.stack([full.bias[:, r][:, :, r] for r in rows])
-        torch.testing.assert_close(part.bias, gathered, rtol=0, atol=0)
-        return
     x = torch.randn(B, HEADS, 21, DIM, dtype=F64)
-    turned = enc(x, grid=grid)
     pick = rows[:, None, :, None].expand(B, HEADS, K + 1, DIM)
-    torch.testing.assert_close(part.rotate(x.gather(2, pick)), turned.gather(2, pick), rtol=0, atol=1e-12)
+    for layer in range(3):
+        whole, kept = full.layer(layer), part.layer(layer)
+        if not FAMILIES[name].rotary:
+            gathered = torch.stack([whole.bias[:, r][:, :, r] for r in rows])
+            torch.testing.assert_close(kept.bias, gathered, rtol=0, atol=0)
+            continue
+        turned = whole.rotate(x)
+        torch.testing.assert_close(kept.rotate(x.gather(2, pick)), turned.gather(2, pick), rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="keep picks tokens of a grid"):
+        enc.table(positions=torch.zeros(20, 2), keep=keep)
+
+
+def test_spiral_in_3d_keeps_time_axial_and_spreads_the_plane():
+    """Video: time gets an axial section of a quarter of the channels (64 → 16/24/24), the (row, col) plane six
+    directions kπ/6 over its 48 channels; time's pairs see only time, the plane's pairs never see time."""
+    layer = RotaryEmbedding(64, axes=3, freqs="spiral").double()
+    assert layer.family.axis_dims == (16, 24, 24) and layer.family.directions == 6
+    F = layer.family.frequency_matrix()  # (axes = (t, row, col), 32 pairs)
+    torch.testing.assert_close(F[0, 24:], 100.0 ** (-torch.arange(0, 16, 2, dtype=F64) / 16))  # axial time ladder
+    assert not F[0, :24].any() and not F[1:, 24:].any()
+    groups = F[1:, :24].view(2, 6, 4)  # (row, col) x direction x pair
+    angle = torch.atan2(groups[0], groups[1])
+    torch.testing.assert_close(angle, (torch.arange(6, dtype=F64) * math.pi / 6)[:, None].expand(6, 4))
+
+
+def test_yarn_measures_each_axis_against_its_own_extent():
+    """A rectangular training grid: each axis's ramp counts turns over its own length."""
+    from vit_rope.families.axial import frequency_ladder
+
+    layer = RotaryEmbedding(32, axes=2, scaling="yarn", ref_grid=(4, 16), theta=100.0)
+    F = layer.family.frequency_matrix(layer.extrapolation((8, 32)))  # s = 2 on both axes
+    torch.testing.assert_close(F[1, :8], frequency_ladder(16, 100.0, "yarn", 2.0, 16))  # x: the column, 16 long
+    torch.testing.assert_close(F[0, 8:], frequency_ladder(16, 100.0, "yarn", 2.0, 4))  # y: the row, 4 long
+    assert not torch.equal(frequency_ladder(16, 100.0, "yarn", 2.0, 16), frequency_ladder(16, 100.0, "yarn", 2.0, 4))
+
+
+def test_a_table_shared_by_heads_turns_vectors_without_a_head_dim():
+    liere = randomized(RotaryEmbedding(DIM, axes=2, freqs="liere", per_head=False))
+    x = torch.randn(20, DIM, dtype=F64)
+    torch.testing.assert_close(liere(x, grid=(4, 5))[0], liere(x[None, None], grid=(4, 5))[0, 0])

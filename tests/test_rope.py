@@ -544,6 +544,25 @@ def test_half_precision_turns_through_float32_and_rounds_once(dtype):
     torch.testing.assert_close(x.grad.double(), x64.grad, **one_rounding)
 
 
+def test_cached_learned_tables_follow_loads_and_edits_that_move_no_version():
+    """A fused optimizer step or an edit through .data moves no version counter: the cache is cleared when the module
+    switches between training and evaluation, and by a load (frozen parameters too)."""
+    rope = RotaryEmbedding(16, axes=2, freqs="mixed", num_heads=2).eval()
+    with torch.no_grad():
+        a = rope.table((3, 4))
+    rope.train()
+    rope.family.frequencies.data.mul_(2.0)  # no version bump, as a fused AdamW step
+    rope.eval()
+    with torch.no_grad():
+        b = rope.table((3, 4))
+    assert not torch.allclose(a.sin, b.sin)
+    frozen = RotaryEmbedding(16, axes=2, freqs="mixed", num_heads=2).requires_grad_(False).eval()
+    before = frozen.table((3, 4))
+    frozen.load_state_dict(rope.state_dict())
+    torch.testing.assert_close(frozen.table((3, 4)).sin, b.sin)
+    assert not torch.allclose(before.sin, b.sin)
+
+
 def test_learned_tables_are_cached_at_inference_and_rebuilt_after_a_step():
     """A learned family's tables are kept per grid without gradients, and built anew when its parameters change."""
     rope = RotaryEmbedding(16, axes=2, freqs="mixed", num_heads=2)

@@ -163,7 +163,7 @@ def test_attention_adds_an_attention_bias_to_its_logits():
 
 
 def test_forward_hook_on_qkv_sees_the_projection_unrotated():
-    """q and k turn in place in the qkv output; a hook that keeps that output still holds what the Linear made."""
+    """A forward hook on the qkv Linear sees its output as the Linear made it (the rotation never writes into it)."""
     model = tiny().eval()
     seen = []
     model.blocks[0].attn.qkv.register_forward_hook(lambda mod, args, out: seen.append((args[0], out)))
@@ -174,8 +174,7 @@ def test_forward_hook_on_qkv_sees_the_projection_unrotated():
 
 
 def test_backward_hook_on_qkv_sees_the_projection_and_changes_nothing():
-    """A backward hook hands the projection's output out as a view that may not change in place: q and k turn in a
-    copy then, with the same output and gradients."""
+    """A backward hook on the qkv Linear gets its output's gradient, and changes no parameter's gradient."""
     x = torch.randn(2, 3, 32, 32)
     model = tiny()
     model(x).square().sum().backward()
@@ -555,7 +554,7 @@ def test_bf16_autocast_close_to_float32():
 @pytest.mark.filterwarnings("error::UserWarning")  # Dynamo warns of what it may trace wrongly (a cached function)
 @pytest.mark.parametrize("name", ["vit_rope_tiny", "vit_rope_mixed_tiny"])
 def test_torch_compile_matches_eager(name):
-    """Compiled, q and k turn in inductor's fused real-arithmetic kernel; eagerly, in place as complex numbers. Both
+    """Compiled, q and k turn in inductor's fused real-arithmetic kernel; eagerly, as complex numbers. Both
     give the same logits and gradients in float32 (every parameter, the learned frequencies too) and under bfloat16
     autocast, where each rounds q and k to bfloat16 once; Dynamo warns of nothing on the way."""
     torch._dynamo.reset()

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from .apply import tracing
 from .coords import augment, grid_coordinates, scale_factors, scaled_coordinates
 from .families import FAMILIES, Extrapolation, create_family
 from .tables import Encoding, RotaryTable, apply_rotary
@@ -27,11 +28,6 @@ __all__ = ["SCALING_MODES", "PositionEncoding", "RotaryEmbedding", "RotaryTable"
 
 SCALING_MODES: tuple[str, ...] = ("none", "pi", "ntk", "yarn", "normalized")  # every mode some family supports
 _CACHE_SIZE = 16
-
-
-def _tracing() -> bool:
-    """True while torch.compile, torch.export, ONNX export or TorchScript/FX tracing sees the code."""
-    return torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.jit.is_scripting()
 
 
 def _as_tuple(value: float | Sequence[float], n: int, name: str) -> tuple[float, ...]:
@@ -101,7 +97,7 @@ class PositionEncoding(nn.Module):
         self.shift, self.jitter, self.rescale = shift, jitter, rescale
         options = {k: v for k, v in options.items() if v is not None}
         self.family = create_family(family, dim, axes, num_heads=num_heads, depth=depth, ref_grid=ref_grid, **options)
-        self._cache: OrderedDict[tuple, Encoding] = OrderedDict()
+        self._cache: OrderedDict[tuple, tuple[tuple, Encoding]] = OrderedDict()  # key -> (parameter versions, table)
         self.set_scaling(scaling, scale)
 
     # ------------------------------------------------------------------------------------------------ config
@@ -135,7 +131,7 @@ class PositionEncoding(nn.Module):
 
     def set_ref_grid(self, ref_grid: Sequence[int]) -> None:
         """Move the training grid (a model's ``set_input_size``); clears the table cache."""
-        self.ref_grid = self.family.ref_grid = tuple(int(n) for n in ref_grid)
+        self.ref_grid = tuple(int(n) for n in ref_grid)
         self.clear_cache()
 
     def clear_cache(self) -> None:
@@ -204,25 +200,38 @@ class PositionEncoding(nn.Module):
             if device is not None
             else (positions.device if positions is not None else torch.device("cpu"))
         )
+        if keep is not None and grid is None:
+            raise ValueError("keep picks tokens of a grid: pass grid with it (explicit positions need no keep)")
         key = self._cache_key(grid, device, dtype) if keep is None else None
-        if key is not None and key in self._cache:
+        versions = tuple((id(p), p._version) for p in self.family.parameters())
+        if key is not None and key in self._cache and self._cache[key][0] == versions:
             self._cache.move_to_end(key)
-            return self._cache[key]
+            return self._cache[key][1]
         table = self._build(grid, positions, keep, device, dtype)
-        if key is not None:
-            self._cache[key] = table
+        if key is not None:  # one entry a grid: a learned family's newer parameters replace it
+            self._cache[key] = (versions, table)
             if len(self._cache) > _CACHE_SIZE:
                 self._cache.popitem(last=False)
         return table
 
     def _cache_key(self, grid, device, dtype) -> tuple | None:
         """Where a table may be kept: a grid, no augmentation, no tracing, and for a learned family no gradient (its
-        tables are keyed by the parameters' versions, so an optimizer step or a load builds them anew)."""
-        params = [p for p in self.family.parameters() if p.requires_grad]
-        if grid is None or self.augment or _tracing() or (params and torch.is_grad_enabled()):
+        entry remembers the parameters' versions and is rebuilt when they move; the cache is also cleared when the
+        module switches between training and evaluation, and after a load, since a fused optimizer step or a load into
+        frozen parameters need not move a version)."""
+        learned = any(p.requires_grad for p in self.family.parameters())
+        if grid is None or self.augment or tracing() or (learned and torch.is_grad_enabled()):
             return None
         # inference tensors cannot be saved for backward later: inference mode keeps its tables apart
-        return (grid, device, dtype, torch.is_inference_mode_enabled(), *(p._version for p in params))
+        return (grid, device, dtype, torch.is_inference_mode_enabled())
+
+    def train(self, mode: bool = True) -> PositionEncoding:
+        self.clear_cache()
+        return super().train(mode)
+
+    def _load_from_state_dict(self, *args, **kwargs) -> None:
+        self.clear_cache()
+        super()._load_from_state_dict(*args, **kwargs)
 
     def _build(self, grid, positions, keep, device, dtype) -> Encoding:
         calc = torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
@@ -305,7 +314,5 @@ class RotaryEmbedding(PositionEncoding):
         if freqs not in FAMILIES:
             rotary = sorted(n for n, f in FAMILIES.items() if f.rotary)
             raise ValueError(f"freqs={freqs!r}: choose one of {rotary}")
-        if layout not in (None, "interleaved", "half"):
-            raise ValueError(f"layout={layout!r}: choose 'interleaved' (pairs 2i, 2i+1) or 'half' (i, i + dim/2)")
         options = dict(theta=theta, layout=layout, axis_dims=axis_dims, rotate_fraction=rotate_fraction)
         super().__init__(dim, axes, freqs, **options, **kwargs)

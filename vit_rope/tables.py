@@ -151,7 +151,8 @@ class BlockTable(_Table):
                 turned = (R @ columns).movedim(-1, 0).unflatten(0, turned.shape[:batch])
             else:
                 turned = (R @ turned.unsqueeze(-1)).squeeze(-1)
-        return torch.cat((turned.flatten(-2).to(x.dtype), x[..., count * b :]), dim=-1)
+        turned = turned.flatten(-2).to(x.dtype)  # (..., N, blocks · b), broadcast against the table's leading dims
+        return torch.cat((turned, x[..., count * b :].expand(*turned.shape[:-1], -1)), dim=-1)
 
     def with_prefix(self, n: int) -> BlockTable:
         eye = torch.eye(self.blocks.shape[-1], dtype=self.blocks.dtype, device=self.blocks.device)

@@ -59,7 +59,7 @@ class Axial(PairFamily):
 
     def frequency_matrix(self, extrapolation: Extrapolation | None = None) -> Tensor:
         """The ``(axes, dim // 2)`` float64 frequency matrix, zero where a pair ignores an axis."""
-        ext = extrapolation or Extrapolation(scales=(1.0,) * self.axes)
+        ext = extrapolation or Extrapolation("none", (1.0,) * self.axes)
         F = torch.zeros(self.axes, self.dim // 2, dtype=torch.float64)
         for axis, pairs in sections(self.axis_dims):
             length = ext.ref_grid[axis] if ext.ref_grid else 0.0

@@ -6,20 +6,30 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
+import torch
 from torch import Tensor, nn
 
 from ..coords import COORDINATE_MODES
 from ..tables import Encoding, RotaryTable
 
-__all__ = ["Extrapolation", "Family", "PairFamily", "check_axis_dims", "default_axis_dims", "head_angles", "sections"]
+__all__ = [
+    "Extrapolation",
+    "Family",
+    "PairFamily",
+    "at_least_float32",
+    "check_axis_dims",
+    "default_axis_dims",
+    "head_angles",
+    "sections",
+]
 
 
 @dataclass(frozen=True)
 class Extrapolation:
     """The extrapolation mode of a table and its per-axis scale factors s (1 at or below the reference grid)."""
 
-    mode: str = "none"
-    scales: tuple[float, ...] = (1.0,)
+    mode: str
+    scales: tuple[float, ...]
     ref_grid: tuple[int, ...] | None = None
 
 
@@ -30,16 +40,16 @@ class Family(nn.Module):
 
     A subclass sets ``name`` (its registry key), ``scaling_modes`` (the extrapolation modes it supports: every family
     has the coordinate modes; NTK and YaRN need a fixed frequency ladder), ``rotary`` (False for a bias), and optionally
-    ``model_name`` (timm then registers ``vit_<model_name>_{tiny,small,base}``), ``per_head`` (it needs
-    ``num_heads``). ``depth=None`` shares one encoding across layers; with ``depth`` a learned family may learn one per
-    layer and sets ``per_layer``.
+    ``model_name`` (timm then registers ``vit_<model_name>_{tiny,small,base}``) and ``needs_heads`` (it works per head,
+    so ``num_heads`` is required). ``depth=None`` shares one encoding across layers; with ``depth`` a learned family
+    may learn one per layer and sets ``per_layer``.
     """
 
     name: ClassVar[str]
     scaling_modes: ClassVar[tuple[str, ...]] = COORDINATE_MODES
     rotary: ClassVar[bool] = True
     model_name: ClassVar[str | None] = None
-    per_head: ClassVar[bool] = False
+    needs_heads: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -48,10 +58,10 @@ class Family(nn.Module):
         *,
         num_heads: int | None = None,
         depth: int | None = None,
-        ref_grid: Sequence[int] | None = None,
+        ref_grid: Sequence[int] | None = None,  # the training grid at construction: some inits scale by it
     ) -> None:
         super().__init__()
-        if self.per_head and num_heads is None:
+        if self.needs_heads and num_heads is None:
             raise ValueError(f"freqs={self.name!r} works per head: pass num_heads")
         self.dim, self.axes, self.num_heads, self.depth = dim, axes, num_heads, depth
         self.ref_grid = None if ref_grid is None else tuple(ref_grid)
@@ -59,6 +69,12 @@ class Family(nn.Module):
 
     def forward(self, coords: Tensor, extrapolation: Extrapolation) -> Encoding:
         raise NotImplementedError
+
+    def learned_shape(self, per_layer: bool, per_head: bool = True) -> tuple[int, ...]:
+        """The leading dims of a learned parameter, ``([layer,] heads | 1)``: one set a layer where ``per_layer`` and
+        ``depth`` ask it (which ``self.per_layer`` then records), one a head where ``per_head``."""
+        self.per_layer = per_layer and self.depth is not None
+        return ((self.depth,) if self.per_layer else ()) + ((self.num_heads,) if per_head else (1,))
 
     def prune_layers(self, depth: int) -> None:
         """Keep the encodings of the first ``depth`` layers (a model's ``prune_intermediate_layers``)."""
@@ -161,6 +177,11 @@ def check_axis_dims(
             f"dim (e.g. axis_dims={default_axis_dims(dim, axes)})"
         )
     return dims
+
+
+def at_least_float32(t: Tensor) -> Tensor:
+    """Learned parameters enter tables in float32 at least, under autocast too (bf16 angles drift, timm PR #2089)."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
 def head_angles(coords: Tensor, F: Tensor) -> Tensor:

@@ -5,7 +5,9 @@ Angle Matrices", CVPR 2025, arXiv 2506.03737).
 exactly relative. Each b×b block j of a head carries one learned skew matrix ``B_j = P_j - P_jᵀ``, and the position
 turns it by one scalar ``t_j(p)``: ``R_j(p) = exp(t_j(p) B_j)``.
 
-* **AP** (axis-partitioned): block j belongs to axis ``j mod axes`` (grid axis order: rows first), ``t_j = p_axis``.
+* **AP** (axis-partitioned): block j belongs to axis ``j mod axes`` (grid axis order: rows first), ``t_j = p_axis``;
+  where the blocks do not divide among the axes (8 blocks over (t, h, w)) the first axes get one more (the authors'
+  code asks them to divide evenly).
 * **LD** (linearly dependent): every axis shares the block, ``t_j = Σ_a θ_{a,j} p_a`` with learned θ per axis, head
   and block (the paper's appendix E.2.4; its code shares θ across heads).
 
@@ -21,7 +23,7 @@ from torch import Tensor, nn
 
 from ..tables import BlockTable
 from . import register_family
-from .base import Extrapolation, Family, head_angles
+from .base import Extrapolation, Family, at_least_float32, head_angles
 
 __all__ = ["ComRoPEAP", "ComRoPELD"]
 
@@ -29,7 +31,7 @@ __all__ = ["ComRoPEAP", "ComRoPELD"]
 class _ComRoPE(Family):
     """What AP and LD share: one learned skew block per (layer, head, block), turned per token by ``turns``."""
 
-    per_head = True
+    needs_heads = True
 
     def __init__(
         self, dim: int, axes: int, *, block_size: int = 8, init_std: float = 1.0, per_layer: bool = True, **common
@@ -40,8 +42,7 @@ class _ComRoPE(Family):
         if not init_std > 0:
             raise ValueError(f"init_std={init_std} must be positive")
         self.block_size, self.num_blocks = block_size, dim // block_size
-        self.per_layer = per_layer and self.depth is not None
-        self.lead = (self.depth, self.num_heads) if self.per_layer else (self.num_heads,)
+        self.lead = self.learned_shape(per_layer)
         std = init_std / max(self.ref_grid) if self.ref_grid else init_std
         self.generators = nn.Parameter(torch.randn(*self.lead, self.num_blocks, block_size, block_size) * std)
 
@@ -50,7 +51,7 @@ class _ComRoPE(Family):
         raise NotImplementedError
 
     def forward(self, coords: Tensor, extrapolation: Extrapolation) -> BlockTable:
-        P = self.generators.to(torch.promote_types(self.generators.dtype, torch.float32))
+        P = at_least_float32(self.generators)
         t = self.turns(coords.to(P.dtype))  # ([B,] [layer,] heads | 1, N, blocks)
         blocks = torch.linalg.matrix_exp(t[..., None, None] * (P - P.mT).unsqueeze(-4))  # (..., N, blocks, b, b)
         return BlockTable(blocks, per_layer=self.per_layer)

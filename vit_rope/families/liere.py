@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from ..tables import BlockTable
 from . import register_family
-from .base import Extrapolation, Family, head_angles
+from .base import Extrapolation, Family, at_least_float32, head_angles
 
 __all__ = ["LieRE"]
 
@@ -35,18 +35,17 @@ class LieRE(Family):
     ) -> None:
         super().__init__(dim, axes, **common)
         if per_head and self.num_heads is None:
-            raise ValueError("freqs='liere' learns generators per head: pass num_heads (or per_head=False)")
+            raise ValueError("freqs='liere' learns generators per head: pass num_heads, or per_head=False")
         if not 2 <= block_size <= dim:
             raise ValueError(f"block_size={block_size} must be between 2 and dim={dim} (the paper's best is 8)")
         self.block_size, self.num_blocks = block_size, dim // block_size
-        self.per_layer = per_layer and self.depth is not None
-        lead = ((self.depth,) if self.per_layer else ()) + ((self.num_heads,) if per_head else (1,))
+        lead = self.learned_shape(per_layer, per_head)
         side = max(self.ref_grid) if self.ref_grid else 2
         raw = torch.rand(*lead, axes, self.num_blocks, block_size, block_size) * 2 * math.pi / max(side - 1, 1)
         self.generators = nn.Parameter(raw)
 
     def forward(self, coords: Tensor, extrapolation: Extrapolation) -> BlockTable:
-        U = self.generators.to(torch.promote_types(self.generators.dtype, torch.float32)).triu(1)
+        U = at_least_float32(self.generators).triu(1)
         A = (U - U.mT).flatten(-3)  # ([layer,] heads | 1, axes, blocks · b · b)
         M = head_angles(coords.to(A.dtype), A).unflatten(-1, U.shape[-3:])  # Σ_a p_a A_a: (..., N, blocks, b, b)
         return BlockTable(torch.linalg.matrix_exp(M), per_layer=self.per_layer)

@@ -7,7 +7,8 @@ boundaries included; a token always sees itself), the rest masked (-inf); every 
 block to 0.5 at the last; directed heads have ``s_head = 1``, the undirected ones ``1/2, 1/8, 1/32, ...``. Two thirds
 of the heads are directed (8 of 12, as the paper), cycling through eight directions in an order that spreads any
 first few evenly. Prefix tokens see everything and are seen by every token, with no penalty. ``fov`` picks the
-variant: 180 (half-planes), 90 (default: the reference code's released LH-90, quadrants and cardinal wedges) or 45.
+variant: 180 (half-planes), 90 (default: the fields of view of the released LH-90, quadrants and cardinal wedges,
+in our head order) or 45.
 
 The bias of a grid is built once (and cached with the other tables) as ``(heads, N, N)``; each layer scales it by its
 own ``s_layer``. Coordinate modes apply (``"pi"`` shortens distances, as the paper's lower slopes at high resolution).
@@ -50,7 +51,7 @@ class LookHere(Family):
     name = "lookhere"
     rotary = False
     model_name = "lookhere"
-    per_head = True
+    needs_heads = True
 
     def __init__(self, dim: int, axes: int, *, fov: int = 90, global_slope: float = 1.0, **common) -> None:
         super().__init__(dim, axes, **common)

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from ..tables import RotaryTable
 from . import register_family
-from .base import Extrapolation, PairFamily, head_angles
+from .base import Extrapolation, PairFamily, at_least_float32, head_angles
 
 __all__ = ["Mixed", "mixed_frequency_init"]
 
@@ -54,19 +54,18 @@ class Mixed(PairFamily):
 
     name = "mixed"
     model_name = "rope_mixed"
-    per_head = True
+    needs_heads = True
     default_theta = 10.0  # the magnitudes of its init
 
     def __init__(self, dim: int, axes: int, *, per_layer: bool = True, **kwargs) -> None:
         super().__init__(dim, axes, **kwargs)
         if len(set(self.axis_dims)) != 1:
             raise ValueError(f"freqs='mixed' needs equal axis_dims, got {self.axis_dims}")
-        self.per_layer = per_layer and self.depth is not None
-        depth = self.depth if self.per_layer else None
+        depth = self.depth if len(self.learned_shape(per_layer)) == 2 else None
         self.frequencies = nn.Parameter(mixed_frequency_init(self.axis_dims, self.num_heads, self.theta, depth))
 
     def forward(self, coords: Tensor, extrapolation: Extrapolation) -> RotaryTable:
-        dtype = torch.promote_types(self.frequencies.dtype, torch.float32)  # float32 at least, as the paper
-        F = nn.functional.pad(self.frequencies.to(dtype), (0, self.dim // 2 - self.frequencies.shape[-1]))
-        angles = head_angles(coords.to(dtype), F)  # ([B,] [layer,] heads, N, P); unrotated pairs have frequency 0
+        frequencies = at_least_float32(self.frequencies)  # unrotated pairs: frequency 0
+        F = nn.functional.pad(frequencies, (0, self.dim // 2 - frequencies.shape[-1]))
+        angles = head_angles(coords.to(F.dtype), F)  # ([B,] [layer,] heads, N, P); unrotated pairs have frequency 0
         return RotaryTable(angles.cos(), angles.sin(), self.layout, per_layer=self.per_layer)

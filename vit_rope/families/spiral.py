@@ -8,13 +8,15 @@ dealt round-robin to the K/2 perpendicular direction pairs (k, k + K/2), which s
 axial RoPE exactly. The paper multiplies its base-10000 ladder by 1.5; here the ladder is axial RoPE's (theta 100) so
 that the comparison with axial isolates the directions.
 
-Leading axes (time in video) keep axial sections of their own; the last two axes (rows, cols) are the plane. A fixed
-ladder, so NTK and YaRN apply, with one scale for the plane (the larger of its two).
+Leading axes (time in video) keep axial sections of their own (by default a quarter of the channels each); the last
+two axes (rows, cols) are the plane. A fixed ladder, so NTK and YaRN apply, with one scale for the plane (the larger
+of its two). By default as many directions as fit, from 4 up to 8.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -37,7 +39,7 @@ def direction_frequencies(plane_dims: int, directions: int, ladder: Tensor) -> T
 
 @register_family
 class Spiral(PairFamily):
-    """Spiral RoPE: K directions spread over the half-turn (``directions``; default the most, up to 8, that fit)."""
+    """Spiral RoPE: K directions spread over the half-turn (``directions``; default the most, 4 to 8, that fit)."""
 
     name = "spiral"
     scaling_modes = ("none", "pi", "ntk", "yarn", "normalized")
@@ -49,28 +51,37 @@ class Spiral(PairFamily):
         axes: int,
         *,
         directions: int | None = None,
+        axis_dims: Sequence[int] | None = None,
         yarn_beta: tuple[float, float] = (32.0, 1.0),
         **kwargs,
     ) -> None:
         if axes < 2:
             raise ValueError("spiral RoPE turns with directions of the image plane: it needs axes >= 2")
-        super().__init__(dim, axes, **kwargs)
+        if axis_dims is None and axes > 2 and kwargs.get("rotate_fraction") is None:
+            # a leading (time) axis gets a quarter of the channels, the plane the rest (64 → 16/24/24, as M-RoPE):
+            # an equal split would leave the plane room for two directions alone, axial RoPE
+            t = 2 * ((dim // 4) // 2)
+            plane = dim - (axes - 2) * t
+            axis_dims = (t,) * (axes - 2) + (2 * ((plane // 2) // 2),) * 2
+        super().__init__(dim, axes, axis_dims=axis_dims, **kwargs)
         self.yarn_beta = tuple(yarn_beta)
         self.plane_dims = self.axis_dims[-1] + self.axis_dims[-2]  # the (rows, cols) plane's channels
-        fits = [k for k in range(2, self.plane_dims // 4 + 1, 2) if (self.plane_dims // 4) % k == 0]
+        quarter = self.plane_dims // 4  # the ladder's length: chunks of two frequencies go round the directions
+        fits = [k for k in range(2, quarter + 1, 2) if quarter % k == 0] if self.plane_dims % 8 == 0 else []
         if directions is None:
-            directions = max([k for k in fits if k <= 8], default=0)
+            directions = max([k for k in fits if 4 <= k <= 8], default=None)
         if directions not in fits:
             raise ValueError(
                 f"directions={directions} does not fit {self.plane_dims} channels of the image plane: K must be even "
-                f"and divide {self.plane_dims // 4} (channels / 4); choose one of {fits} or other axis_dims"
+                f"and divide {self.plane_dims / 4:g} (the plane's channels / 4, which must be even); choose one of "
+                f"{fits} or axis_dims that give the plane a multiple of 8 channels (K = 2 is axial RoPE)"
             )
         self.directions = directions
 
     def frequency_matrix(self, extrapolation: Extrapolation | None = None) -> Tensor:
         """The ``(axes, dim // 2)`` float64 frequency matrix: the plane's direction groups first, then one axial
         section per leading axis (from the last to the first, as axial RoPE lays them out)."""
-        ext = extrapolation or Extrapolation(scales=(1.0,) * self.axes)
+        ext = extrapolation or Extrapolation("none", (1.0,) * self.axes)
         F = torch.zeros(self.axes, self.dim // 2, dtype=torch.float64)
         plane = slice(0, self.plane_dims // 2)
         length = max(ext.ref_grid[-2:]) if ext.ref_grid else 0.0

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from ..tables import RotaryTable
 from . import register_family
 from .axial import frequency_ladder
-from .base import Extrapolation, PairFamily, head_angles, sections
+from .base import Extrapolation, PairFamily, at_least_float32, head_angles, sections
 
 __all__ = ["CayleyString", "cayley"]
 
@@ -34,12 +34,11 @@ class CayleyString(PairFamily):
 
     name = "string"
     model_name = "string"
-    per_head = True
+    needs_heads = True
 
     def __init__(self, dim: int, axes: int, *, per_layer: bool = True, **kwargs) -> None:
         super().__init__(dim, axes, **kwargs)
-        self.per_layer = per_layer and self.depth is not None
-        lead = (self.depth, self.num_heads) if self.per_layer else (self.num_heads,)
+        lead = self.learned_shape(per_layer)
         ladder, pair_axis = torch.zeros(dim // 2, dtype=torch.float64), torch.zeros(axes, dim // 2)
         for axis, pairs in sections(self.axis_dims):  # axial RoPE's layout: each pair turns with one axis
             ladder[pairs] = frequency_ladder(self.axis_dims[axis], self.theta)
@@ -50,11 +49,11 @@ class CayleyString(PairFamily):
 
     def basis(self) -> Tensor:
         """P per ([layer,] head): ``([layer,] heads, dim, dim)``, in float32 at least."""
-        A = self.skew.to(torch.promote_types(self.skew.dtype, torch.float32))
+        A = at_least_float32(self.skew)
         return cayley(A - A.mT)
 
     def forward(self, coords: Tensor, extrapolation: Extrapolation) -> RotaryTable:
-        f = self.frequencies.to(torch.promote_types(self.frequencies.dtype, torch.float32))
+        f = at_least_float32(self.frequencies)
         F = f.unsqueeze(-2) * self.axis_of_pair.to(f)  # ([layer,] heads, axes, dim // 2)
         angles = head_angles(coords.to(f.dtype), F)  # ([B,] [layer,] heads, N, dim // 2)
         return RotaryTable(angles.cos(), angles.sin(), self.layout, basis=self.basis(), per_layer=self.per_layer)
