@@ -5,8 +5,9 @@
 * :class:`BlockTable`: a rotation per block of ``b`` channels (ComRoPE, LieRE: ``R(p) = exp(Σ p_a A_a)``).
 * :class:`AttentionBias`: an additive bias on the attention logits (LookHere).
 
-Leading dims broadcast against attention's ``(B, heads, N, dim)``: ``([B,] [layer,] heads | 1, N, ...)``; a table
-whose ``per_layer`` is set holds one entry per model layer (``.layer(i)`` picks one). Tables keep their own precision
+Leading dims broadcast against attention's ``(B, heads, N, dim)``: ``([B,] [layer,] [heads,] N, ...)``, where per-sample
+tables (token dropping) and per-layer ones always carry a head dim (1 when heads share it); a table whose
+``per_layer`` is set holds one entry per model layer (``.layer(i)`` picks one). Tables keep their own precision
 (float32 at least): arithmetic runs in it, outside autocast, and the result is rounded once to the input's dtype.
 """
 
