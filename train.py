@@ -3,12 +3,15 @@ resolutions it never saw: the APE-vs-RoPE comparison.
 
     python train.py                                   # configs/default.yaml: offline, 2-core CPU, ~10 min
     python train.py --config configs/cifar10.yaml     # any config key is also a flag: --epochs 3 --lr 1e-3 ...
+    python train.py --config configs/resolution_fashion.yaml   # 8 encodings x 2 recipes x 3 seeds, ~3 h on 2 cores
     torchrun --nproc_per_node 8 train.py --config configs/imagenet_deit3_s.yaml --data-dir /data/imagenet
     python train.py --output runs/x --resume          # continue a killed run from its last finished epoch
 
-Outputs in --output: results.csv / results.md (one row per model, eval size, protocol and RoPE scaling mode),
-accuracy_vs_resolution.png, log.csv (per epoch), config.yaml (resolved), <model>/model.safetensors (last
-weights) and <model>/checkpoint.pt (resume state, written atomically every epoch).
+Every model trains once per seed (--seeds) under every recipe (``recipes``: named overrides of training keys, such
+as multi-resolution training with --train-sizes): a run each. Outputs in --output: results.csv (one row per run,
+eval size, protocol and RoPE scaling mode), results.md (mean ± std over seeds), accuracy_vs_resolution.png,
+extrapolation.png, log.csv (per epoch), config.yaml (resolved), and per run <tag>/model.safetensors (last weights)
+and <tag>/checkpoint.pt (resume state, written atomically every epoch).
 
 Every setting is checked, and every model built once, before anything in --output changes; the run then holds a
 lock on the folder. What --resume does with changed settings: docs/what_happens_when.md.
@@ -67,44 +70,64 @@ def checked_data(cfg: dict, dc: dict) -> tuple:
     return data
 
 
-def preflight(cfg: dict) -> dict[str, tuple]:
-    """The optimizer, the data and every model built once on the CPU before anything is written, so that what would
-    fail later fails now: an optimizer timm lacks, a dataset that is missing or unreadable, a kwarg the model refuses
-    or one that makes its outputs non-finite, weights that do not fit, eval sizes its patch does not divide.
-    Returns spec → (data, the model's scaling modes)."""
-    try:  # timm's names: its own error says which it knows
-        make_optimizer(torch.nn.Linear(1, 1), cfg, steps=1)
-    except (ValueError, AssertionError) as e:
-        raise SystemExit(f"error: --opt {cfg['opt']} with --sched {cfg['sched']}: {e}") from None
-    data_by_norm, checked = {}, {}
-    for spec in dict.fromkeys(cfg["models"]):
-        dc = config.data_config(cfg, spec)
-        norm = (tuple(dc["mean"]), tuple(dc["std"]))
-        if norm not in data_by_norm:
-            data_by_norm[norm] = checked_data(cfg, dc)
-        data = data_by_norm[norm]
-        model = config.build_model(cfg, spec, num_classes=data[2]).eval()
-        config.check_eval_sizes(cfg, spec, model)
-        try:
-            with torch.no_grad():
-                finite = torch.isfinite(model(data[1](cfg["img_size"], "resize")[0][0][None])).all()
-        except ValueError as e:  # the model's input checks
-            raise SystemExit(f"error: model {spec} refuses a validation sample at --img-size: {e}") from None
-        if not finite:
-            kwargs = {**cfg["model_kwargs"], **config.split_spec(spec)[1]}
-            weights = " and its --initial-checkpoint" if cfg["initial_checkpoint"] else ""
-            raise SystemExit(
-                f"error: model {spec} with {kwargs}{weights} gives non-finite outputs before any training: one of "
-                "these is out of range (as rope_theta=0); fix it in --model-kwargs or the model spec"
-            )
-        modes = scaling_modes(model, cfg["rope_scaling"])
-        if not modes:
-            raise SystemExit(
-                f"error: {spec} takes none of --rope-scaling {cfg['rope_scaling']} (it takes "
-                f"{list(model.rope_scaling_modes())}); add one of those"
-            )
-        checked[spec] = (data, modes)
+def preflight(plan: list[runs.Run]) -> dict[str, tuple]:
+    """The optimizer, the data and every model (under each recipe) built once on the CPU before anything is written,
+    so that what would fail later fails now: an optimizer timm lacks, a dataset that is missing or unreadable, a
+    kwarg the model refuses or one that makes its outputs non-finite, weights that do not fit, eval or training sizes
+    it does not take. Returns run tag → (data, the model's scaling modes); runs that agree on the data share it."""
+    for cfg in {run.recipe: run.cfg for run in plan}.values():
+        try:  # timm's names: its own error says which it knows
+            make_optimizer(torch.nn.Linear(1, 1), cfg, steps=1)
+        except (ValueError, AssertionError) as e:
+            raise SystemExit(f"error: --opt {cfg['opt']} with --sched {cfg['sched']}: {e}") from None
+    data_by_key, modes, checked = {}, {}, {}
+    for run in plan:
+        dc = config.data_config(run.cfg, run.spec)
+        key = D.data_key(run.cfg, dc)
+        if key not in data_by_key:
+            data_by_key[key] = checked_data(run.cfg, dc)
+        if (run.spec, run.recipe) not in modes:
+            modes[run.spec, run.recipe] = checked_model(run, data_by_key[key])
+        checked[run.tag] = (data_by_key[key], modes[run.spec, run.recipe])
     return checked
+
+
+def checked_model(run: runs.Run, data: tuple) -> list[str]:
+    """A run's model built and fed a validation sample at --img-size and at its other eval and training sizes;
+    returns the --rope-scaling modes it takes."""
+    cfg, spec, where = run.cfg, run.spec, f" (recipe {run.recipe})" if run.recipe else ""
+    model = config.build_model(cfg, spec, num_classes=data[2]).eval()
+    config.check_input_sizes(cfg, spec, model, where)
+    sample = data[1](cfg["img_size"], "resize")[0][0][None]
+    try:
+        with torch.no_grad():
+            finite = torch.isfinite(model(sample)).all()
+    except ValueError as e:  # the model's input checks
+        raise SystemExit(f"error: model {spec} refuses a validation sample at --img-size: {e}") from None
+    if not finite:
+        kwargs = {**cfg["model_kwargs"], **config.split_spec(spec)[1]}
+        weights = " and its --initial-checkpoint" if cfg["initial_checkpoint"] else ""
+        raise SystemExit(
+            f"error: model {spec} with {kwargs}{weights} gives non-finite outputs before any training: one of "
+            "these is out of range (as rope_theta=0); fix it in --model-kwargs or the model spec"
+        )
+    if not getattr(model, "dynamic_img_size", False):  # timm's ViTs take other sizes only when built to
+        for size in sorted({*cfg["eval_sizes"], *cfg["train_sizes"]} - {cfg["img_size"]}):
+            try:
+                with torch.no_grad():
+                    model(resize_batch(sample, size))
+            except (AssertionError, RuntimeError, ValueError) as e:
+                raise SystemExit(
+                    f"error: model {spec}{where} refuses {size}-px input ({e}); create it with dynamic_img_size=True "
+                    f"(timm's ViTs), or leave {size} out of --eval-sizes and --train-sizes"
+                ) from None
+    modes = scaling_modes(model, cfg["rope_scaling"])
+    if not modes:
+        raise SystemExit(
+            f"error: {spec} takes none of --rope-scaling {cfg['rope_scaling']} (it takes "
+            f"{list(model.rope_scaling_modes())}); add one of those"
+        )
+    return modes
 
 
 # ------------------------------------------------------------------------------------------------------ data
@@ -129,9 +152,28 @@ def make_loader(ds: Dataset, cfg: dict, train: bool, epoch: int) -> DataLoader:
     )
 
 
+def batch_sizes(cfg: dict, epoch: int, steps: int) -> list[int]:
+    """The size of each training batch of an epoch, drawn from --train-sizes by (seed, epoch) alone, so that a resumed
+    run and every rank draw the same; empty without --train-sizes."""
+    if not cfg["train_sizes"]:
+        return []
+    g = torch.Generator().manual_seed(cfg["seed"] * 100_003 + epoch + 2**62)  # another stream than the order's
+    return [cfg["train_sizes"][i] for i in torch.randint(len(cfg["train_sizes"]), (steps,), generator=g).tolist()]
+
+
+def resize_batch(x: torch.Tensor, size: int) -> torch.Tensor:
+    """Images (..., H, W) resized to size x size, bicubic and antialiased (as PIL resizes evaluation images): the
+    models follow with their RoPE grid or a resampled APE."""
+    if x.shape[-2:] == (size, size):
+        return x
+    flat = x.reshape(-1, 1, *x.shape[-2:])  # channels (and frames) one by one: 4D and 5D batches alike
+    out = F.interpolate(flat, size=(size, size), mode="bicubic", antialias=True, align_corners=False)
+    return out.reshape(*x.shape[:-2], size, size)
+
+
 # --------------------------------------------------------------------------------------------------- training
 @dataclass
-class Recipe:
+class Training:
     """What trains one model besides the data: optimizer, LR schedule, loss, mixup/cutmix and EMA."""
 
     optimizer: torch.optim.Optimizer
@@ -157,7 +199,7 @@ def make_optimizer(model: torch.nn.Module, cfg: dict, steps: int) -> tuple:
     return optimizer, scheduler
 
 
-def make_recipe(cfg: dict, model: torch.nn.Module, num_classes: int, steps: int) -> Recipe:
+def make_training(cfg: dict, model: torch.nn.Module, num_classes: int, steps: int) -> Training:
     optimizer, scheduler = make_optimizer(model, cfg, steps)
     mix, smoothing = cfg["mixup"] > 0 or cfg["cutmix"] > 0, cfg["label_smoothing"]
     mixup = None
@@ -171,7 +213,7 @@ def make_recipe(cfg: dict, model: torch.nn.Module, num_classes: int, steps: int)
     else:
         criterion = torch.nn.CrossEntropyLoss()
     ema = ModelEmaV3(model, decay=cfg["ema_decay"]) if cfg["ema"] else None
-    return Recipe(optimizer, scheduler, criterion, mixup, ema, steps)
+    return Training(optimizer, scheduler, criterion, mixup, ema, steps)
 
 
 def stop(tag: str, problem: str, checkpoint: Path) -> NoReturn:
@@ -183,7 +225,7 @@ def stop(tag: str, problem: str, checkpoint: Path) -> NoReturn:
 
 
 def train_one_epoch(
-    model: torch.nn.Module, ddp: torch.nn.Module, loader, recipe: Recipe, cfg: dict, epoch: int, device, tag: str
+    model: torch.nn.Module, ddp: torch.nn.Module, loader, training: Training, cfg: dict, epoch: int, device, tag: str
 ) -> tuple[float, float]:
     """One pass over the training set; returns the mean training loss and top-1 (%) over all ranks."""
     ddp.train()
@@ -194,24 +236,27 @@ def train_one_epoch(
         leave=False,
     )
     loss_sum = correct = seen = 0.0
+    sizes = batch_sizes(cfg, epoch, len(loader))
     for step, (x, y) in enumerate(bar):
         x, y = x.to(device), y.to(device)
+        if sizes:
+            x = resize_batch(x, sizes[step])
         target = y
-        if recipe.mixup is not None:
-            x, target = recipe.mixup(x, y)
+        if training.mixup is not None:
+            x, target = training.mixup(x, y)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg["amp"]):
             logits = ddp(x)
-            loss = recipe.criterion(logits.float(), target)
+            loss = training.criterion(logits.float(), target)
         if not torch.isfinite(loss):
             stop(tag, f"the loss became {loss.item()} at epoch {epoch + 1}, step {step + 1}", checkpoint_path(cfg, tag))
-        recipe.optimizer.zero_grad(set_to_none=True)
+        training.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if cfg["clip_grad"]:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["clip_grad"])
-        recipe.optimizer.step()
-        recipe.scheduler.step_update(epoch * recipe.steps + step + 1)
-        if recipe.ema is not None:
-            recipe.ema.update(model)
+        training.optimizer.step()
+        training.scheduler.step_update(epoch * training.steps + step + 1)
+        if training.ema is not None:
+            training.ema.update(model)
         loss_sum += loss.item() * x.shape[0]
         correct += (logits.argmax(-1) == y).sum().item()
         seen += x.shape[0]
@@ -242,37 +287,37 @@ def checkpoint_path(cfg: dict, tag: str) -> Path:
     return model_dir(Path(cfg["output"]), tag) / "checkpoint.pt"
 
 
-def save_checkpoint(cfg: dict, tag: str, model, recipe: Recipe, epoch: int, rngs: list[dict]) -> None:
+def save_checkpoint(cfg: dict, tag: str, model, training: Training, epoch: int, rngs: list[dict]) -> None:
     """The evaluated weights (model.safetensors) and the resume state (checkpoint.pt), each written atomically."""
     state = dict(
         model=model.state_dict(),
-        optimizer=recipe.optimizer.state_dict(),
-        model_ema=recipe.ema.state_dict() if recipe.ema is not None else None,  # timm's key: load_checkpoint finds it
+        optimizer=training.optimizer.state_dict(),
+        model_ema=training.ema.state_dict() if training.ema is not None else None,  # timm's key: load_checkpoint reads
         epoch=epoch,
         rng=rngs,
     )
     folder = checkpoint_path(cfg, tag).parent
     folder.mkdir(parents=True, exist_ok=True)
-    evaluated = recipe.ema.module if recipe.ema is not None else model
+    evaluated = training.ema.module if training.ema is not None else model
     weights = {k: v.detach().cpu().contiguous() for k, v in evaluated.state_dict().items()}
     atomic_write(folder / "model.safetensors", save_file, weights)
     atomic_write(folder / "checkpoint.pt", torch.save, state)
 
 
-def resume_from(path: Path, model, recipe: Recipe) -> int:
+def resume_from(path: Path, model, training: Training) -> int:
     """Model, optimizer, EMA and every rank's RNG from a checkpoint.pt; returns the number of finished epochs."""
     state = torch.load(path, map_location="cpu", weights_only=False)  # RNG states must stay on the CPU
     model.load_state_dict(state["model"])
-    recipe.optimizer.load_state_dict(state["optimizer"])
+    training.optimizer.load_state_dict(state["optimizer"])
     ema_state = state.get("model_ema", state.get("ema"))  # "ema" in checkpoints of older train.py
-    if recipe.ema is not None and ema_state is not None:
-        recipe.ema.load_state_dict(ema_state)
+    if training.ema is not None and ema_state is not None:
+        training.ema.load_state_dict(ema_state)
     runs.restore_rng_state(state["rng"], *rank_world())
     done = state["epoch"] + 1
     # timm's schedulers compute the LR from the update index alone, so the scheduler is not restored: built from
     # this config it follows a longer --epochs, and an unchanged one sets the LR the uninterrupted run's last
     # step_update set
-    recipe.scheduler.step_update(done * recipe.steps)
+    training.scheduler.step_update(done * training.steps)
     return done
 
 
@@ -287,10 +332,10 @@ def train_model(cfg: dict, spec: str, tag: str, data: tuple, device: torch.devic
         return model
     ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
     runs.seed_everything(cfg["seed"] + rank)  # same weights on every rank (DDP syncs them), own dropout/mixup draws
-    recipe = make_recipe(cfg, model, num_classes, steps=max(len(train_ds) // world // cfg["batch_size"], 1))
+    training = make_training(cfg, model, num_classes, steps=max(len(train_ds) // world // cfg["batch_size"], 1))
     checkpoint, start = checkpoint_path(cfg, tag), 0
     if cfg["resume"] and checkpoint.exists():
-        start = resume_from(checkpoint, model, recipe)
+        start = resume_from(checkpoint, model, training)
         if rank == 0:
             print(f"[{tag}] resumed after epoch {start} of {cfg['epochs']}", flush=True)
     if cfg["resume"] and rank == 0:
@@ -298,25 +343,25 @@ def train_model(cfg: dict, spec: str, tag: str, data: tuple, device: torch.devic
     for epoch in range(start, cfg["epochs"]):
         t0 = time.time()
         loader = make_loader(train_ds, cfg, True, epoch)
-        train_loss, train_top1 = train_one_epoch(model, ddp, loader, recipe, cfg, epoch, device, tag)
+        train_loss, train_top1 = train_one_epoch(model, ddp, loader, training, cfg, epoch, device, tag)
         broken = [n for n, p in model.named_parameters() if not torch.isfinite(p).all()]
         if broken:
             stop(tag, f"weights became non-finite in epoch {epoch + 1} ({broken[:3]}...)", checkpoint)
-        evaluated = recipe.ema.module if recipe.ema is not None else model
+        evaluated = training.ema.module if training.ema is not None else model
         val = validate(evaluated, make_loader(eval_set(cfg["img_size"], "resize"), cfg, False, 0), device, cfg["amp"])
         if not math.isfinite(val["loss"]):
             stop(tag, f"the validation loss became {val['loss']} after epoch {epoch + 1}", checkpoint)
         rngs = runs.all_rng_states()  # every rank's, so that each resumes its own draws
         if rank == 0:
-            lr = recipe.optimizer.param_groups[0]["lr"]
+            lr = training.optimizer.param_groups[0]["lr"]
             row = dict(model=tag, epoch=epoch + 1, train_loss=train_loss, train_top1=train_top1,
                        val_loss=val["loss"], val_top1=val["top1"], lr=lr, seconds=time.time() - t0)  # fmt: skip
             log_epoch(out, cfg, row)
-            save_checkpoint(cfg, tag, model, recipe, epoch, rngs)
+            save_checkpoint(cfg, tag, model, training, epoch, rngs)
         if dist.is_initialized():
             dist.barrier()
-    if recipe.ema is not None:
-        model.load_state_dict(recipe.ema.module.state_dict())
+    if training.ema is not None:
+        model.load_state_dict(training.ema.module.state_dict())
     return model
 
 
@@ -343,44 +388,48 @@ def eval_jobs(cfg: dict, modes: list[str]) -> list[tuple[str, int, str]]:
     return [(p, s, m) for p in ["resize"] + ["native"] * native for s in cfg["eval_sizes"] for m in modes]
 
 
-def evaluate_resolutions(cfg: dict, model, tag: str, eval_set, modes: list[str], device) -> list[dict]:
+def evaluate_resolutions(run: runs.Run, model, eval_set, modes: list[str], device) -> list[dict]:
     """One result row per eval size, protocol and RoPE scaling mode."""
-    params = sum(p.numel() for p in model.parameters())
+    cfg, params = run.cfg, sum(p.numel() for p in model.parameters())
     rows = []
-    jobs = tqdm(eval_jobs(cfg, modes), desc=f"{tag} eval", disable=None if rank_world()[0] == 0 else True, leave=False)
-    for protocol, size, mode in jobs:
+    bar = dict(desc=f"{run.tag} eval", disable=None if rank_world()[0] == 0 else True, leave=False)
+    for protocol, size, mode in tqdm(eval_jobs(cfg, modes), **bar):
         if mode != "-":
             model.set_rope_scaling(mode)
         r = validate(model, make_loader(eval_set(size, protocol), cfg, False, 0), device, cfg["amp"])
         rows.append(
-            dict(model=tag, train_size=cfg["img_size"], eval_size=size, protocol=protocol, rope_scaling=mode,
-                 top1=round(r["top1"], 2), top5=round(r["top5"], 2), loss=round(r["loss"], 4), params=params)
+            dict(model=run.model, recipe=run.recipe, seed=run.seed, train_size=cfg["img_size"], eval_size=size,
+                 protocol=protocol, rope_scaling=mode, top1=round(r["top1"], 2), top5=round(r["top5"], 2),
+                 loss=round(r["loss"], 4), params=params)
         )  # fmt: skip
     if modes != ["-"]:
         model.set_rope_scaling("none")
     return rows
 
 
-def model_results(cfg: dict, spec: str, tag: str, checked: tuple, trained: int, device) -> list[dict]:
-    """One model's result rows: a resumed run's, when they are what the config asks of weights trained for
+def model_results(run: runs.Run, checked: tuple, trained: int, device) -> list[dict]:
+    """One run's result rows: a resumed run's, when they are what the config asks of weights trained for
     ``epochs``; else the model trained (on) and evaluated."""
-    (data, modes), rank = checked, rank_world()[0]
+    (data, modes), rank, cfg, tag = checked, rank_world()[0], run.cfg, run.tag
     done = model_dir(Path(cfg["output"]), tag) / "results.json"
     if cfg["resume"] and done.exists() and (cfg["eval_only"] or trained == cfg["epochs"]):
-        rows = json.loads(done.read_text())
+        # rows of a train.py before recipes and seeds lack those columns: they come first, as in new rows
+        first = {"model": run.model, "recipe": run.recipe, "seed": run.seed}
+        rows = [{**first, **r} for r in json.loads(done.read_text())]
         if [(r["protocol"], r["eval_size"], r["rope_scaling"]) for r in rows] == eval_jobs(cfg, modes):
             if rank == 0:
                 print(f"[{tag}] finished earlier; its results are kept", flush=True)
             return rows
         if rank == 0:
             print(f"[{tag}] the evaluation settings changed: evaluating its saved weights again", flush=True)
-    model = train_model(cfg, spec, tag, data, device)
-    rows = evaluate_resolutions(cfg, model, tag, data[1], modes, device)
+    model = train_model(cfg, run.spec, tag, data, device)
+    t0 = time.time()
+    rows = evaluate_resolutions(run, model, data[1], modes, device)
     if rank == 0:
         done.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(done, runs.write_json, rows)
         summary = ", ".join(f"{r['eval_size']}px/{r['protocol']}/{r['rope_scaling']}: {r['top1']:.1f}" for r in rows)
-        print(f"[{tag}] {summary}", flush=True)
+        print(f"[{tag}] evaluated in {time.time() - t0:.0f}s: {summary}", flush=True)
     return rows
 
 
@@ -393,25 +442,27 @@ def main(argv: list[str] | None = None) -> list[dict]:
     one_process = int(os.environ.get("WORLD_SIZE", "1")) == 1
     if config.resolve_device(cfg["device"]).type == "cpu" and one_process and "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(os.cpu_count() or 1)
-    tags = [m if cfg["models"].count(m) == 1 else f"{m}_{i}" for i, m in enumerate(cfg["models"])]
-    trained = runs.check_epochs(cfg, tags)
-    checked = preflight(cfg)
+    plan = runs.plan_runs(cfg)
+    trained = runs.check_epochs(cfg, [run.tag for run in plan])
+    checked = preflight(plan)
 
     device = runs.setup_distributed(config.resolve_device(cfg["device"]))
     rank = rank_world()[0]
     out = Path(cfg["output"])
     with runs.locked(out) if rank == 0 else nullcontext():
         if rank == 0:
-            runs.start_run(cfg, tags)
+            runs.start_run(cfg)
         if dist.is_initialized():
             dist.barrier()
         rows: list[dict] = []
-        for spec, tag in zip(cfg["models"], tags, strict=True):
-            rows += model_results(cfg, spec, tag, checked[spec], trained[tag], device)
+        for i, run in enumerate(plan):
+            if rank == 0 and len(plan) > 1:
+                print(f"run {i + 1}/{len(plan)}: {run.tag}", flush=True)
+            rows += model_results(run, checked[run.tag], trained[run.tag], device)
         if rank == 0:
             write_results(rows, out, cfg["img_size"], cfg["dataset"])
             print((out / "results.md").read_text())
-            print(f"wrote {out / 'results.csv'}, {out / 'results.md'}, {out / 'accuracy_vs_resolution.png'}")
+            print(f"wrote {', '.join(str(out / f) for f in runs.RESULT_FILES)}")
     if dist.is_initialized():
         dist.destroy_process_group()
     return rows

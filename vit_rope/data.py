@@ -30,6 +30,8 @@ from torch import Tensor
 from torch.utils.data import Dataset
 from torchvision.datasets import ImageFolder
 
+from .idx import IdxImages, idx_files
+
 IMAGE_DATASETS = ("synthetic", "cifar10", "cifar100", "mnist", "fashion_mnist", "imagefolder")
 VIDEO_DATASETS = ("synthetic_video", "clipfolder")
 DIRECTIONS = ("E", "NE", "N", "NW", "W", "SW", "S", "SE")
@@ -294,22 +296,50 @@ class CheckedImageFolder(Dataset):
             raise ValueError(f"cannot read image {path!r}: {e}; delete or replace the file") from e
 
 
-def torchvision_dataset(name: str, root: str, train: bool, transform) -> Dataset:
-    """CIFAR-10/100, MNIST, Fashion-MNIST through torchvision (downloaded into ``root`` on first use)."""
+def torchvision_dataset(name: str, root: str, train: bool) -> Dataset:
+    """CIFAR-10/100, MNIST or Fashion-MNIST as (PIL image, label) items: MNIST's and Fashion-MNIST's IDX files where
+    they lie in ``root`` (as Debian's dataset-fashion-mnist installs them), else through torchvision (downloaded into
+    ``root`` on first use)."""
     import torchvision.datasets as tvd
 
     cls = {"cifar10": tvd.CIFAR10, "cifar100": tvd.CIFAR100, "mnist": tvd.MNIST, "fashion_mnist": tvd.FashionMNIST}[
         name
     ]
-    gray = name in ("mnist", "fashion_mnist")
-    tf = transform if not gray else (lambda im: transform(im.convert("RGB")))
+    idx = name in ("mnist", "fashion_mnist")
+    if idx and idx_files(root, train):
+        return IdxImages(root, train, cls.classes)
     try:
-        return cls(root, train=train, transform=tf, download=True)
+        return cls(root, train=train, download=True)
     except (OSError, RuntimeError) as e:
+        idx_layout = "its four IDX files, as train-images-idx3-ubyte.gz, or " if idx else ""
         raise RuntimeError(
             f"could not download {name} into {root!r} ({e}); without network access, put the dataset files there "
-            "yourself (torchvision's layout) or use --dataset synthetic"
+            f"yourself ({idx_layout}torchvision's layout) or use --dataset synthetic"
         ) from e
+
+
+class Transformed(Dataset):
+    """``transform`` applied to the image of each (PIL image, label) item, as RGB (the models take three channels,
+    MNIST's images have one): one dataset in memory serves training and every evaluation size."""
+
+    def __init__(self, ds: Dataset, transform: Callable) -> None:
+        self.ds, self.transform = ds, transform
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def __getitem__(self, index: int):
+        img, label = self.ds[index]
+        return self.transform(img.convert("RGB")), label
+
+
+def fixed_subset(ds: Dataset, n: int) -> Dataset:
+    """The same ``n`` samples of ``ds`` for every run and seed (drawn by a fixed seed, kept in their order); all of
+    it for n = 0 or n at least its length."""
+    if not n or n >= len(ds):
+        return ds
+    keep = torch.randperm(len(ds), generator=torch.Generator().manual_seed(0))[:n].sort().values
+    return torch.utils.data.Subset(ds, keep.tolist())
 
 
 # ------------------------------------------------------------------------------------------- train.py's data
@@ -378,7 +408,22 @@ def image_transforms(cfg: dict, dc: dict) -> tuple[Callable, Callable[[int], Cal
 def build_data(cfg: dict, dc: dict) -> tuple[Dataset | None, EvalSets, int]:
     """The training set (None with ``eval_only`` where there is none), a factory ``(size, protocol) -> eval
     dataset``, and the number of classes, for train.py's config ``cfg``; ``dc`` is the model's data config (its
-    normalisation)."""
+    normalisation). ``train_subset`` and ``val_subset`` keep a fixed part of each split."""
+    train, eval_set, num_classes = all_data(cfg, dc)
+    if train is not None:
+        train = fixed_subset(train, cfg["train_subset"])
+    return train, (lambda size, protocol: fixed_subset(eval_set(size, protocol), cfg["val_subset"])), num_classes
+
+
+def data_key(cfg: dict, dc: dict) -> str:
+    """What can tell apart the data of two runs of one config, which share everything else: the augmentation (a
+    recipe may change it), the seed where it draws the built-in scenes, the model's normalisation."""
+    seed = cfg["seed"] if cfg["dataset"] in ("synthetic", "synthetic_video") else None
+    return repr(([cfg[k] for k in ("no_aug", "hflip", "scale", "auto_augment")], seed, dc["mean"], dc["std"]))
+
+
+def all_data(cfg: dict, dc: dict) -> tuple[Dataset | None, EvalSets, int]:
+    """``build_data`` before the subsets."""
     name, root = cfg["dataset"], cfg["data_dir"]
     if name not in IMAGE_DATASETS + VIDEO_DATASETS:
         raise ValueError(f"unknown dataset {name!r}; choose one of {IMAGE_DATASETS + VIDEO_DATASETS}")
@@ -408,9 +453,9 @@ def build_data(cfg: dict, dc: dict) -> tuple[Dataset | None, EvalSets, int]:
             return SyntheticScenes(cfg["val_samples"], cfg["img_size"], cfg["seed"], "val", transform=eval_tf(size))
 
         return train, make, val.num_classes
-    train = None if cfg["eval_only"] else torchvision_dataset(name, root, True, train_tf)
-    val = torchvision_dataset(name, root, False, eval_tf(cfg["img_size"]))
-    return train, (lambda s, p: torchvision_dataset(name, root, False, eval_tf(s))), len(val.classes)
+    train = None if cfg["eval_only"] else Transformed(torchvision_dataset(name, root, True), train_tf)
+    val = torchvision_dataset(name, root, False)
+    return train, (lambda s, p: Transformed(val, eval_tf(s))), len(val.classes)
 
 
 def folder_data(cfg: dict, dc: dict) -> tuple[Dataset | None, EvalSets, int]:

@@ -1,8 +1,10 @@
-"""train.py's results: results.csv, the markdown tables of results.md, and accuracy_vs_resolution.png."""
+"""train.py's results: results.csv (a row per run, eval size, protocol and RoPE scaling mode), results.md (top-1,
+mean ± std over seeds), and two figures: accuracy_vs_resolution.png and extrapolation.png."""
 
 from __future__ import annotations
 
 import math
+import statistics
 from pathlib import Path
 
 from .runs import write_csv
@@ -14,59 +16,187 @@ SCALING_LABELS = {
     "yarn": "YaRN",
     "normalized": "normalized",
 }
+# a line style per scaling mode in accuracy_vs_resolution.png, a marker per mode in extrapolation.png
+LINE_STYLES = {"-": "-", "none": "-", "pi": "--", "ntk": "-.", "yarn": ":", "normalized": (0, (5, 1, 1, 1, 1, 1))}
+MARKERS = {"-": "o", "none": "o", "pi": "s", "ntk": "^", "yarn": "v", "normalized": "D"}
+DPI = 120
+
+Curve = tuple[str, str, str]  # (model, recipe, RoPE scaling mode)
+Summary = dict[str, dict[Curve, dict[int, dict]]]  # protocol → curve → eval size → mean, std, n, params
 
 
 def write_results(rows: list[dict], out: Path, train_size: int, dataset: str) -> None:
-    """``rows`` (one per model, eval size, protocol and RoPE scaling mode) as the three result files in ``out``."""
+    """``rows`` (one per run, eval size, protocol and RoPE scaling mode) as the four result files in ``out``."""
     write_csv(rows, str(out / "results.csv"))
-    (out / "results.md").write_text(markdown_tables(rows, train_size))
-    plot(rows, out / "accuracy_vs_resolution.png", train_size, dataset)
+    summary = summarise(rows)
+    (out / "results.md").write_text(markdown_tables(summary, train_size))
+    plt = pyplot()
+    for figure, name in ((accuracy_figure, "accuracy_vs_resolution.png"), (extrapolation_figure, "extrapolation.png")):
+        fig = figure(summary, train_size, dataset)
+        fig.savefig(out / name)
+        plt.close(fig)
 
 
-def curves(rows: list[dict], protocol: str) -> dict[tuple[str, str], dict[int, dict]]:
-    """(model, scaling mode) → eval size → row, for one protocol, in the order of the rows."""
-    out: dict[tuple[str, str], dict[int, dict]] = {}
+def summarise(rows: list[dict]) -> Summary:
+    """Top-1 over the seeds of each (protocol, model, recipe, scaling mode, eval size): its ``mean``, ``std`` (the
+    sample standard deviation; 0 for one seed) and ``n`` seeds, with the model's ``params``; in the order of the
+    rows."""
+    groups: dict = {}
     for r in rows:
-        if r["protocol"] == protocol:
-            out.setdefault((r["model"], r["rope_scaling"]), {})[r["eval_size"]] = r
-    return out
+        curve = (r["model"], r["recipe"], r["rope_scaling"])
+        groups.setdefault(r["protocol"], {}).setdefault(curve, {}).setdefault(r["eval_size"], []).append(r)
+    return {
+        p: {c: {s: over_seeds(rs) for s, rs in cells.items()} for c, cells in cs.items()} for p, cs in groups.items()
+    }
 
 
-def markdown_tables(rows: list[dict], train_size: int) -> str:
-    """One top-1 table per protocol: a row per (model, scaling mode), a column per eval size."""
-    sizes = sorted({r["eval_size"] for r in rows})
+def over_seeds(rows: list[dict]) -> dict:
+    top1 = [float(r["top1"]) for r in rows]
+    std = statistics.stdev(top1) if len(top1) > 1 else 0.0
+    return dict(mean=statistics.fmean(top1), std=std, n=len(top1), params=int(rows[0]["params"]))
+
+
+def markdown_tables(summary: Summary, train_size: int) -> str:
+    """One top-1 table per protocol: a row per (model, recipe, scaling mode), a column per eval size; with several
+    seeds, mean ± std and a column of how many."""
+    cells = [c for curves in summary.values() for sizes in curves.values() for c in sizes.values()]
+    sizes = sorted({s for curves in summary.values() for by_size in curves.values() for s in by_size})
+    recipes = any(recipe for curves in summary.values() for _, recipe, _ in curves)
+    seeds = max(c["n"] for c in cells) > 1
+    head = ["model", *["recipe"] * recipes, "RoPE scaling", "params", *["seeds"] * seeds, *map(str, sizes)]
     lines = []
-    for protocol in dict.fromkeys(r["protocol"] for r in rows):
-        lines.append(f"\n**top-1 (%), trained at {train_size}, evaluated with protocol `{protocol}`**\n")
-        lines.append("| model | RoPE scaling | params | " + " | ".join(str(s) for s in sizes) + " |")
-        lines.append("|---|---|---|" + "---|" * len(sizes))
-        for (model, mode), cells in curves(rows, protocol).items():
-            params = next(iter(cells.values()))["params"]
-            top1 = " | ".join(f"{cells[s]['top1']:.1f}" if s in cells else "" for s in sizes)
-            lines.append(f"| {model} | {mode} | {params / 1e6:.2f}M | {top1} |")
+    for protocol, curves in summary.items():
+        over = " (mean ± std over seeds)" if seeds else ""
+        lines.append(f"\n**top-1 (%), trained at {train_size}, evaluated with protocol `{protocol}`{over}**\n")
+        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for (model, recipe, mode), by_size in curves.items():
+            first = next(iter(by_size.values()))
+            row = [model, *[recipe] * recipes, mode, f"{first['params'] / 1e6:.2f}M", *[str(first["n"])] * seeds]
+            row += [cell_text(by_size[s]) if s in by_size else "" for s in sizes]
+            lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines).lstrip() + "\n"
 
 
-def plot(rows: list[dict], path: Path, train_size: int, dataset: str) -> None:
-    """Top-1 against eval size, a panel per protocol; scaling modes other than none are dashed."""
+def cell_text(cell: dict) -> str:
+    return f"{cell['mean']:.1f}" + (f" ± {cell['std']:.1f}" if cell["n"] > 1 else "")
+
+
+# --------------------------------------------------------------------------------------------------- figures
+def pyplot():
     import matplotlib  # here, not at the top: model users never import it
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    protocols = list(dict.fromkeys(r["protocol"] for r in rows))
-    fig, axes = plt.subplots(1, len(protocols), figsize=(6 * len(protocols), 5.5), squeeze=False)
-    for ax, protocol in zip(axes[0], protocols, strict=True):
-        for (model, mode), cells in curves(rows, protocol).items():
+    return plt
+
+
+def colours(curves: list[Curve]) -> dict[tuple[str, str], tuple]:
+    """A colour per (model, recipe): with two recipes a model's two shades of one hue (tab20's pairs), else tab10's
+    colours, or turbo's evenly spaced past ten."""
+    plt = pyplot()
+    pairs = list(dict.fromkeys((model, recipe) for model, recipe, _ in curves))
+    models = list(dict.fromkeys(model for model, _ in pairs))
+    recipes = list(dict.fromkeys(recipe for _, recipe in pairs))
+    if len(recipes) == 2 and len(models) <= 10:
+        return {(m, r): plt.cm.tab20(2 * models.index(m) + recipes.index(r)) for m, r in pairs}
+    if len(pairs) <= 10:
+        return {pair: plt.cm.tab10(i) for i, pair in enumerate(pairs)}
+    return {pair: plt.cm.turbo(i / (len(pairs) - 1)) for i, pair in enumerate(pairs)}
+
+
+def accuracy_figure(summary: Summary, train_size: int, dataset: str):
+    """Top-1 against eval size, a panel per protocol: a colour per (model, recipe), a line style per scaling mode,
+    error bars of ± one std over seeds, the training size marked."""
+    plt = pyplot()
+    curves = [c for cs in summary.values() for c in cs]
+    colour = colours(curves)
+    seeds = max(c["n"] for cs in summary.values() for cells in cs.values() for c in cells.values()) > 1
+    fig, axes = plt.subplots(
+        1, len(summary), figsize=(6.5 * len(summary), 5), squeeze=False, layout="constrained", dpi=DPI
+    )
+    for ax, (protocol, cs) in zip(axes[0], summary.items(), strict=True):
+        for (model, recipe, mode), cells in cs.items():
             sizes = sorted(cells)
-            plain = mode in ("-", "none")
-            label = model if plain else f"{model} ({SCALING_LABELS.get(mode, mode)})"
-            ax.plot(sizes, [cells[s]["top1"] for s in sizes], marker="o", label=label, linestyle="-" if plain else "--")
+            ax.errorbar(
+                sizes,
+                [cells[s]["mean"] for s in sizes],
+                yerr=[cells[s]["std"] for s in sizes] if seeds else None,
+                color=colour[model, recipe],
+                linestyle=LINE_STYLES.get(mode, "-"),
+                marker="o",
+                markersize=3,
+                capsize=2,
+                linewidth=1.2,
+            )
         ax.axvline(train_size, color="gray", linestyle=":", linewidth=1)
-        ax.set(title=f"{dataset}: eval protocol '{protocol}'", xlabel="evaluation resolution (px)", ylabel="top-1 (%)")
+        ax.annotate(f"trained at {train_size}", (train_size, 1), xycoords=("data", "axes fraction"), xytext=(3, -12),
+                    textcoords="offset points", fontsize=8, color="gray")  # fmt: skip
+        ylabel = "top-1 (%)" + (", mean ± std over seeds" if seeds else "")
+        ax.set(title=f"{dataset}: eval protocol '{protocol}'", xlabel="evaluation resolution (px)", ylabel=ylabel)
         ax.grid(alpha=0.3)
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 3), fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0.06 * math.ceil(len(labels) / 3), 1, 1))
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    add_legend(fig, colour, [mode for _, _, mode in curves], points=False)
+    return fig
+
+
+def extrapolation_figure(summary: Summary, train_size: int, dataset: str):
+    """Top-1 at 0.5x and at 2x the training size against top-1 at it, on protocol 'resize' (else the first): a point
+    per (model, recipe, scaling mode), ± one std over seeds; where a size was not evaluated, the nearest evaluated
+    one stands in, and the axis says so."""
+    plt = pyplot()
+    protocol = "resize" if "resize" in summary else next(iter(summary))
+    curves = summary[protocol]
+    evaluated = sorted({s for cells in curves.values() for s in cells})
+
+    def nearest(size: int) -> int:
+        return min(evaluated, key=lambda s: (abs(s - size), s))
+
+    def at(size: int, wanted: int, what: str) -> str:
+        stand_in = "" if size == wanted else f", the nearest evaluated to {wanted} px"
+        return f"top-1 (%) at {size} px ({what}{stand_in})"
+
+    colour, base = colours(list(curves)), nearest(train_size)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5.5), layout="constrained", dpi=DPI)
+    for ax, factor in zip(axes, (0.5, 2), strict=True):
+        wanted = round(train_size * factor)
+        other = nearest(wanted)
+        for (model, recipe, mode), cells in curves.items():
+            if base in cells and other in cells:
+                x, y = cells[base], cells[other]
+                ax.errorbar(x["mean"], y["mean"], xerr=x["std"] or None, yerr=y["std"] or None, capsize=2,
+                            color=colour[model, recipe], marker=MARKERS.get(mode, "o"), linestyle="none")  # fmt: skip
+        ax.axline((0, 0), slope=1, color="gray", linestyle=":", linewidth=1)  # as accurate as at the training size
+        ax.set_xlabel(at(base, train_size, "the training size"))
+        ax.set_ylabel(at(other, wanted, f"{factor:g}x the training size"))
+        ax.set_title(f"{dataset}: {factor:g}x the training size, protocol '{protocol}'")
+        ax.grid(alpha=0.3)
+    add_legend(fig, colour, [mode for _, _, mode in curves], points=True)
+    return fig
+
+
+def add_legend(fig, colour: dict[tuple[str, str], tuple], modes: list[str], points: bool) -> None:
+    """One legend below the panels for both codes, the colours' (model, recipe) and the scaling modes' line styles
+    (or markers, for ``points``), in as many columns as fit the figure's width; the figure grows to hold it, so
+    that it lies wholly inside (constrained layout makes room for it)."""
+    from matplotlib.lines import Line2D
+
+    handles = [
+        Line2D([], [], color=c, linewidth=2, label=model + (f", {recipe}" if recipe else ""))
+        for (model, recipe), c in colour.items()
+    ]
+    for mode in dict.fromkeys("none" if m == "-" else m for m in modes):  # no RoPE is drawn as none
+        code = (
+            dict(marker=MARKERS.get(mode, "o"), linestyle="none")
+            if points
+            else dict(linestyle=LINE_STYLES.get(mode, "-"))
+        )
+        handles.append(Line2D([], [], color="black", label=f"RoPE scaling: {SCALING_LABELS.get(mode, mode)}", **code))
+    renderer = fig.canvas.get_renderer()
+    for ncol in range(min(len(handles), 6), 0, -1):
+        legend = fig.legend(handles=handles, loc="outside lower center", ncol=ncol, fontsize=8, frameon=False)
+        width = legend.get_window_extent(renderer).width / fig.dpi
+        if width <= 0.95 * fig.get_figwidth() or ncol == 1:
+            break
+        legend.remove()
+    fig.set_figwidth(max(fig.get_figwidth(), width + 0.5))
+    fig.set_figheight(fig.get_figheight() + 0.2 * math.ceil(len(handles) / ncol))

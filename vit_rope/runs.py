@@ -1,4 +1,5 @@
-"""A train.py run: its folder (lock, atomic writes, log rows, resume state), its processes and their RNG state."""
+"""A train.py run: the model runs its config makes (every model under every recipe and seed), its folder (lock,
+atomic writes, log rows, resume state), its processes and their RNG state."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import random
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -16,12 +18,15 @@ import torch
 import torch.distributed as dist
 import yaml
 
+from .train_config import recipe_config
+
 try:
     import fcntl
 except ImportError:  # Windows: no flock, so no lock (two runs on one folder are then the user's to avoid)
     fcntl = None
 
 LOCK = ".lock"
+RESULT_FILES = ("results.csv", "results.md", "accuracy_vs_resolution.png", "extrapolation.png")
 
 
 @contextmanager
@@ -46,9 +51,43 @@ def locked(folder: Path) -> Iterator[None]:
         yield  # closing the file releases the lock
 
 
+@dataclass
+class Run:
+    """One model trained under one recipe with one seed."""
+
+    spec: str  # the --models entry
+    model: str  # the name its result rows carry: the spec, numbered where --models names it twice
+    recipe: str  # '' for the one recipe of a config without recipes
+    seed: int
+    tag: str  # its name in log.csv and progress lines, and (made filesystem-safe) its folder's
+    cfg: dict  # the config it trains with: the recipe's keys and the seed on top of the run's
+
+
+def plan_runs(cfg: dict) -> list[Run]:
+    """Every model under every recipe and seed, seed by seed (an interrupted benchmark has every model's first seeds
+    first). Tags gain ``@recipe`` with recipes and ``@seed<n>`` with --seeds, so that a config without them keeps
+    its folders; runs whose folders would coincide are an error."""
+    names = [m if cfg["models"].count(m) == 1 else f"{m}_{i}" for i, m in enumerate(cfg["models"])]
+    plan = []
+    for seed in cfg["seeds"] or [cfg["seed"]]:
+        for recipe in list(cfg["recipes"]) or [""]:
+            for spec, model in zip(cfg["models"], names, strict=True):
+                tag = model + (f"@{recipe}" if recipe else "") + (f"@seed{seed}" if cfg["seeds"] else "")
+                plan.append(Run(spec, model, recipe, seed, tag, {**recipe_config(cfg, recipe), "seed": seed}))
+    folders: dict[Path, str] = {}
+    for run in plan:
+        folder = model_dir(Path(cfg["output"]), run.tag)
+        if folders.setdefault(folder, run.tag) != run.tag:
+            raise SystemExit(
+                f"error: runs {folders[folder]} and {run.tag} would share the folder {folder}; give the models (or "
+                "recipes) names that differ in letters or digits"
+            )
+    return plan
+
+
 def model_dir(out: Path, tag: str) -> Path:
-    """A filesystem-safe folder per model spec (``name:k=v`` → ``name__k=v``)."""
-    return out / re.sub(r"[^\w.=-]", "_", tag.replace(":", "__"))
+    """A filesystem-safe folder per run tag (``name:k=v@recipe@seed1`` → ``name__k=v@recipe@seed1``)."""
+    return out / re.sub(r"[^\w.=@-]", "_", tag.replace(":", "__"))
 
 
 def atomic_write(path: Path, write, obj) -> None:
@@ -113,18 +152,19 @@ def check_epochs(cfg: dict, tags: list[str]) -> dict[str, int]:
     return trained
 
 
-def start_run(cfg: dict, tags: list[str]) -> None:
+def start_run(cfg: dict) -> None:
     """Clear what this run replaces and write its config.yaml. The result files are written when a run ends, so
-    results there always come from config.yaml; a fresh run also forgets an earlier run's log and resume state."""
+    results there always come from config.yaml; a fresh run also forgets an earlier run's log and the resume state
+    of every run in the folder (a later --resume that adds models, seeds or recipes must not find an older run's),
+    sparing --initial-checkpoint."""
     out = Path(cfg["output"])
-    stale = [out / f for f in ("results.csv", "results.md", "accuracy_vs_resolution.png")]
+    stale = [out / f for f in RESULT_FILES]
     if not cfg["resume"]:
-        stale.append(out / "log.csv")
-        for spec in cfg["models"]:
-            for tag in [spec] + [f"{spec}_{i}" for i in range(len(tags))]:
-                stale += [model_dir(out, tag) / "checkpoint.pt", model_dir(out, tag) / "results.json"]
+        stale += [out / "log.csv", *out.glob("*/checkpoint.pt"), *out.glob("*/results.json")]
+    start = Path(cfg["initial_checkpoint"]).resolve() if cfg["initial_checkpoint"] else None
     for path in stale:
-        path.unlink(missing_ok=True)
+        if path.resolve() != start:
+            path.unlink(missing_ok=True)
     atomic_write(out / "config.yaml", lambda c, p: Path(p).write_text(yaml.safe_dump(c, sort_keys=False)), cfg)
 
 

@@ -1,0 +1,341 @@
+"""The resolution benchmark's harness: seeds and recipes (multi-resolution training, coordinate augmentation) end to
+end and on --resume, timm's own models, MNIST-style IDX files read where they lie, and the figures."""
+
+import gzip
+import statistics
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+import train
+from tests.test_train import Killed, interrupt, make_imagefolder, read_csv, same_run
+from vit_rope import data as D
+from vit_rope import report, runs, train_config
+from vit_rope.idx import IdxImages, read_idx
+
+KWARGS = ["--model-kwargs", "patch_size=8", "depth=1", "embed_dim=32", "num_heads=2"]
+SMALL = [
+    *KWARGS, "--img-size", "16", "--eval-sizes", "8", "16", "32", "--no-native-eval",
+    "--train-samples", "64", "--val-samples", "32", "--epochs", "1", "--batch-size", "16", "--warmup-epochs", "0",
+]  # fmt: skip
+RECIPES = ["--recipes", "single-res={}", "multi-res={train_sizes: [8, 16, 24]}"]
+
+
+def spy_on_training_sizes(monkeypatch) -> dict:
+    """(spec, recipe's train_sizes, seed) → the input sizes each model built for that run met while training."""
+    seen: dict = {}
+    build = train.config.build_model
+
+    def build_model(cfg, spec, num_classes):
+        model = build(cfg, spec, num_classes)
+        sizes = seen.setdefault((spec, tuple(cfg["train_sizes"]), cfg["seed"]), [])
+        model.register_forward_pre_hook(lambda m, args: sizes.append(args[0].shape[-1]) if m.training else None)
+        return model
+
+    monkeypatch.setattr(train.config, "build_model", build_model)
+    return seen
+
+
+def test_every_model_trains_under_every_recipe_and_seed(tmp_path, monkeypatch):
+    seen = spy_on_training_sizes(monkeypatch)
+    out = tmp_path / "bench"
+    args = ["--models", "vit_ape_tiny", "vit_rope_tiny", *SMALL, "--rope-scaling", "none", "pi", *RECIPES]
+    rows = train.main([*args, "--seeds", "0", "1", "--output", str(out)])
+    results = read_csv(out / "results.csv")
+    assert len(results) == len(rows) == 2 * 2 * 3 * (1 + 2)  # recipes x seeds x eval sizes x (APE's '-', none + pi)
+    assert list(results[0])[:3] == ["model", "recipe", "seed"]
+    per_point: dict = {}
+    for r in results:
+        per_point.setdefault((r["model"], r["recipe"], r["eval_size"], r["rope_scaling"]), []).append(r["seed"])
+    assert len(per_point) == 2 * 3 * 3 and all(sorted(s) == ["0", "1"] for s in per_point.values())
+    for tag in ("vit_ape_tiny@single-res@seed0", "vit_rope_tiny@multi-res@seed1"):
+        assert (out / tag / "model.safetensors").exists()
+    assert {r["model"] for r in read_csv(out / "log.csv")} == {
+        f"{m}@{r}@seed{s}"
+        for m in ("vit_ape_tiny", "vit_rope_tiny")
+        for r in ("single-res", "multi-res")
+        for s in (0, 1)
+    }
+    # multi-resolution batches really arrive at other sizes; single-resolution ones only at --img-size
+    for (spec, train_sizes, seed), sizes in seen.items():
+        if train_sizes:
+            assert set(sizes) <= {8, 16, 24} and len(set(sizes)) > 1, (spec, seed, sizes)
+        elif sizes:
+            assert set(sizes) == {16}, (spec, seed, sizes)
+    assert {(spec, bool(ts)) for (spec, ts, _), sizes in seen.items() if sizes} == {
+        (m, multi) for m in ("vit_ape_tiny", "vit_rope_tiny") for multi in (False, True)
+    }
+    # results.md: mean ± std over the two seeds, and how many
+    md = (out / "results.md").read_text()
+    assert "| model | recipe | RoPE scaling | params | seeds |" in md
+    top1 = [float(r["top1"]) for r in results if (r["model"], r["recipe"], r["eval_size"], r["rope_scaling"])
+            == ("vit_rope_tiny", "multi-res", "32", "pi")]  # fmt: skip
+    assert (
+        f"{statistics.fmean(top1):.1f} ± {statistics.stdev(top1):.1f} |"
+        in md.split("| vit_rope_tiny | multi-res | pi |")[1]
+    )
+    assert (out / "extrapolation.png").exists() and (out / "accuracy_vs_resolution.png").exists()
+    # each seed's run is the run --seed alone makes
+    multi_res = RECIPES[-1]
+    alone = train.main(["--models", "vit_rope_tiny", *SMALL, "--rope-scaling", "none", "pi", "--recipes", multi_res,
+                        "--seed", "1", "--output", str(tmp_path / "alone")])  # fmt: skip
+    assert alone == [r for r in rows if (r["model"], r["recipe"], r["seed"]) == ("vit_rope_tiny", "multi-res", 1)]
+    assert (tmp_path / "alone" / "vit_rope_tiny@multi-res" / "model.safetensors").exists()
+
+
+def test_a_killed_seeds_and_recipes_run_resumes_to_the_same_results(tmp_path, monkeypatch):
+    args = ["--models", "vit_rope_tiny", *SMALL, "--rope-scaling", "none", *RECIPES, "--seeds", "0", "1",
+            "--epochs", "2", "--drop-path", "0.1"]  # fmt: skip
+    train.main([*args, "--output", str(tmp_path / "full")])
+    interrupt(monkeypatch, at=7, before=False)  # after epoch 1 of the last run (seed 1, multi-res)
+    with pytest.raises(Killed):
+        train.main([*args, "--output", str(tmp_path / "killed")])
+    monkeypatch.undo()
+    assert not (tmp_path / "killed" / "results.csv").exists()
+    train.main(["--output", str(tmp_path / "killed"), "--resume"])
+    same_run(tmp_path / "killed", tmp_path / "full")
+
+
+def test_resume_adds_seeds_and_recipes_and_refuses_changing_a_recipe(tmp_path, capsys):
+    run = tmp_path / "run"
+    train.main(["--models", "vit_rope_tiny", *SMALL, "--rope-scaling", "none", "--seeds", "0", "--recipes", "a={}",
+                "--output", str(run)])  # fmt: skip
+    first = (run / "vit_rope_tiny@a@seed0" / "model.safetensors").read_bytes()
+    capsys.readouterr()
+    rows = train.main(["--output", str(run), "--resume", "--seeds", "0", "1", "--recipes", "b={train_sizes: [8, 16]}"])
+    assert "[vit_rope_tiny@a@seed0] finished earlier" in capsys.readouterr().out
+    assert {(r["recipe"], r["seed"]) for r in rows} == {("a", 0), ("a", 1), ("b", 0), ("b", 1)}
+    assert (run / "vit_rope_tiny@a@seed0" / "model.safetensors").read_bytes() == first
+    assert len(read_csv(run / "log.csv")) == 4  # one epoch of each run, the first not trained again
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert saved["seeds"] == [0, 1] and saved["recipes"] == {"a": {}, "b": {"train_sizes": [8, 16]}}
+    with pytest.raises(SystemExit, match=r"--resume cannot change recipe 'b' \{'train_sizes': \[8, 16\]\} -> "):
+        train.main(["--output", str(run), "--resume", "--recipes", "b={train_sizes: [16]}"])
+
+
+def test_coordinate_augmentation_and_other_kwargs_come_from_a_config(tmp_path):
+    """DINOv3's rope_shift/jitter/rescale from a model spec and a recipe's model_kwargs reach the model, and act:
+    two training-mode passes differ only with the augmentation."""
+    path = tmp_path / "aug.yaml"
+    path.write_text(yaml.safe_dump(dict(
+        models=["vit_rope_tiny:rope_shift=0.5"], model_kwargs=dict(patch_size=8, depth=1, embed_dim=32, num_heads=2),
+        img_size=16, recipes={"plain": {}, "dinov3": {"model_kwargs": {"rope_jitter": 1.4, "rope_rescale": 2.0}}},
+    )))  # fmt: skip
+    cfg, _ = train.parse_config(["--config", str(path), "--output", str(tmp_path / "out")])
+    train_config.check_config(cfg)
+    x = torch.randn(2, 3, 16, 16)
+    for run in runs.plan_runs(cfg):
+        model = train_config.build_model(run.cfg, run.spec, num_classes=8).train()
+        dinov3 = run.recipe == "dinov3"
+        assert (model.rope.shift, model.rope.jitter, model.rope.rescale) == (
+            (0.5, 1.4, 2.0) if dinov3 else (0.5, None, None)
+        )
+        model.rope.shift = None  # the shift alone also moves the coordinates; without it only the recipe's draws do
+        torch.manual_seed(0)
+        assert torch.equal(model(x), model(x)) != dinov3
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--recipes", "long={epochs: 3}"], r"recipe 'long' sets \['epochs'\]: a recipe sets only how models train"),
+        (["--recipes", "other={dataset: cifar10}"], r"recipe 'other' sets \['dataset'\]"),
+        (["--recipes", "a b={}"], "recipe name 'a b': use letters, digits"),
+        (["--recipes", "fast={lr: -1}"], "recipe 'fast': --lr -1: lr must be at least 0"),
+        (["--recipes", "odd={train_sizes: [12]}"],
+         r"--train-sizes \[12\] are not multiples of the patch size 8x8 of vit_ape_tiny \(recipe odd\)"),
+        (["--train-sizes", "16", "20"], r"--train-sizes \[20\] are not multiples of the patch size 8x8"),
+        (["--train-sizes", "0"], "train_sizes must be sizes of at least 1"),
+        (["--seed", "1", "--seeds", "0", "1"], "the command line gives both seed and seeds"),
+        (["--seeds", "0", "0"], "seeds must be distinct seeds"),
+        (["--seeds", "-1"], "seeds must be distinct seeds in"),
+        (["--val-subset", "-1"], "val_subset must be at least 0"),
+        (["--models", "vit_ape_tiny:x=[1]", "vit_ape_tiny:x=(1)"], "would share the folder"),
+    ],
+)  # fmt: skip
+def test_bad_seeds_recipes_and_sizes_stop_before_anything_is_written(args, message, tmp_path):
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit, match=message) as stop:
+        train.main(["--models", "vit_ape_tiny", *SMALL, *args, "--output", str(out)])
+    assert str(stop.value).startswith("error: ") and "\n" not in str(stop.value)
+    assert not out.exists()
+
+
+def test_seeds_in_a_config_file_and_seed_on_the_command_line(tmp_path):
+    """The command line overrides the file: --seed there means that one seed; a file naming both is refused."""
+    path = tmp_path / "c.yaml"
+    path.write_text("seeds: [0, 1, 2]\n")
+    assert train.parse_config(["--config", str(path)])[0]["seeds"] == [0, 1, 2]
+    cfg, _ = train.parse_config(["--config", str(path), "--seed", "5"])
+    assert [(r.seed, r.tag) for r in runs.plan_runs(cfg)][:1] == [(5, "vit_ape_tiny")]
+    path.write_text("seed: 3\nseeds: [0, 1]\n")
+    with pytest.raises(SystemExit, match="c.yaml' gives both seed and seeds"):
+        train.parse_config(["--config", str(path)])
+
+
+# ------------------------------------------------------------------------------------------ timm's own models
+TIMM_MODELS = ["deit3_small_patch16_224:dynamic_img_size=True", "vit_small_patch16_rope_224:dynamic_img_size=True"]
+
+
+def test_timm_models_train_and_evaluate_in_the_harness(tmp_path):
+    args = [*SMALL, "--rope-scaling", "none", "pi", "--train-sizes", "8", "16", "24"]
+    rows = train.main(["--models", *TIMM_MODELS, *args, "--output", str(tmp_path / "run")])
+    assert [(r["model"], r["eval_size"], r["rope_scaling"]) for r in rows] == [
+        (m, s, "-") for m in TIMM_MODELS for s in (8, 16, 32)
+    ]
+    # --eval-only of the saved weights (as of a published checkpoint) gives the numbers of the end of training
+    eva = TIMM_MODELS[1]
+    weights = runs.model_dir(tmp_path / "run", eva) / "model.safetensors"
+    again = train.main(["--models", eva, *args, "--eval-only", "--initial-checkpoint", str(weights),
+                        "--output", str(tmp_path / "again")])  # fmt: skip
+    assert again == [r for r in rows if r["model"] == eva]
+    # ... and on a user's validation folder of other classes (the classifier starts anew)
+    make_imagefolder(tmp_path / "folder", classes=3, per_class=2, size=16)
+    (tmp_path / "folder" / "train").rename(tmp_path / "folder" / "unused")
+    user = ["--dataset", "imagefolder", "--data-dir", str(tmp_path / "folder"), "--output", str(tmp_path / "ev")]
+    folder = train.main(["--models", eva, *args, *user, "--eval-only", "--initial-checkpoint", str(weights)])
+    assert [r["eval_size"] for r in folder] == [8, 16, 32]
+
+
+def test_a_timm_model_that_takes_one_size_is_refused_before_training(tmp_path):
+    with pytest.raises(SystemExit, match=r"refuses 8-px input .*create it with dynamic_img_size=True"):
+        train.main(["--models", "deit3_small_patch16_224", *SMALL, "--output", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------------------------------------------- IDX files
+def write_idx(path: Path, array: np.ndarray) -> None:
+    """An IDX file of ``array`` (gzipped where the name ends in .gz), written from the format's description."""
+    code = {np.dtype("uint8"): 0x08, np.dtype("int32"): 0x0C, np.dtype("float32"): 0x0D}[array.dtype]
+    header = bytes([0, 0, code, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
+    payload = header + array.astype(array.dtype.newbyteorder(">")).tobytes()
+    path.write_bytes(gzip.compress(payload) if path.suffix == ".gz" else payload)
+
+
+@pytest.mark.parametrize("suffix", ["", ".gz"])
+def test_idx_files_round_trip(tmp_path, suffix):
+    g = np.random.default_rng(0)
+    for array in (g.integers(0, 256, (5, 7, 3), dtype=np.uint8), g.integers(-(2**20), 2**20, (4, 2), dtype=np.int32),
+                  g.standard_normal(6).astype(np.float32)):  # fmt: skip
+        path = tmp_path / f"a-{array.dtype}{suffix}"
+        write_idx(path, array)
+        back = read_idx(str(path))
+        assert back.dtype == array.dtype and np.array_equal(back, array)
+
+
+def test_idx_reader_refuses_damaged_files(tmp_path):
+    images = np.arange(2 * 4 * 4, dtype=np.uint8).reshape(2, 4, 4)
+    write_idx(tmp_path / "ok", images)
+    data = (tmp_path / "ok").read_bytes()
+    (tmp_path / "short").write_bytes(data[:-5])
+    with pytest.raises(ValueError, match=r"short' is truncated or damaged: its header promises 32 bytes .* holds 27"):
+        read_idx(str(tmp_path / "short"))
+    (tmp_path / "magic").write_bytes(b"\x00\x01" + data[2:])
+    with pytest.raises(ValueError, match="magic' is not an IDX file: it starts with 00010803"):
+        read_idx(str(tmp_path / "magic"))
+    (tmp_path / "header").write_bytes(data[:9])
+    with pytest.raises(ValueError, match="ends inside its header"):
+        read_idx(str(tmp_path / "header"))
+    (tmp_path / "cut.gz").write_bytes(gzip.compress(data)[:-12])
+    with pytest.raises(ValueError, match="cut.gz' is a damaged gzip file"):
+        read_idx(str(tmp_path / "cut.gz"))
+
+
+def fashion_args(root: Path) -> list[str]:
+    return ["--dataset", "fashion_mnist", "--data-dir", str(root), "--img-size", "28"]
+
+
+def test_fashion_mnist_reads_its_idx_files_where_they_lie(tmp_path, monkeypatch):
+    """The four files in --data-dir (gzipped or not) are read in place: torchvision (which would download) is never
+    asked; --train-subset and --val-subset keep fixed parts."""
+    import torchvision.datasets as tvd
+
+    g = np.random.default_rng(1)
+    splits = {split: (g.integers(0, 256, (n, 28, 28), dtype=np.uint8), g.integers(0, 10, n, dtype=np.uint8))
+              for split, n in (("train", 12), ("t10k", 6))}  # fmt: skip
+    for split, (images, labels) in splits.items():
+        write_idx(tmp_path / f"{split}-images-idx3-ubyte.gz", images)
+        write_idx(tmp_path / f"{split}-labels-idx1-ubyte{'' if split == 'train' else '.gz'}", labels)
+    monkeypatch.setattr(tvd.FashionMNIST, "__init__", lambda *a, **k: pytest.fail("torchvision was asked"))
+    cfg, _ = train.parse_config(fashion_args(tmp_path))
+    dc = dict(mean=(0.0,) * 3, std=(1.0,) * 3)
+    train_ds, eval_set, num_classes = D.build_data(cfg, dc)
+    assert num_classes == 10 and len(train_ds) == 12
+    val = eval_set(28, "resize")
+    for i in range(6):
+        x, y = val[i]
+        assert y == splits["t10k"][1][i] and x.shape == (3, 28, 28)
+        torch.testing.assert_close(x[1] * 255, torch.from_numpy(splits["t10k"][0][i]).float(), atol=1e-3, rtol=0)
+    assert eval_set(56, "resize")[0][0].shape == (3, 56, 56)
+    subset, _ = train.parse_config([*fashion_args(tmp_path), "--train-subset", "5", "--val-subset", "4"])
+    train_ds, eval_set, _ = D.build_data(subset, dc)
+    assert len(train_ds) == 5 and len(eval_set(28, "resize")) == 4
+    labels = [[eval_set(size, "resize")[i][1] for i in range(4)] for size in (20, 28)]
+    assert labels[0] == labels[1]  # the same images at every size
+    (tmp_path / "t10k-labels-idx1-ubyte.gz").unlink()
+    write_idx(tmp_path / "t10k-labels-idx1-ubyte", splits["t10k"][1][:5])
+    with pytest.raises(ValueError, match=r"holds images \(6, 28, 28\) .* labels \(5,\)"):
+        D.build_data(cfg, dc)
+
+
+FASHION = Path("/usr/share/datasets/fashion-mnist")
+
+
+@pytest.mark.skipif(not (FASHION / "t10k-images-idx3-ubyte.gz").exists(), reason="dataset-fashion-mnist not installed")
+def test_the_installed_fashion_mnist_reads_in_place():
+    test = IdxImages(str(FASHION), False, ["class"] * 10)
+    assert len(test) == 10_000 and test.images.shape == (10_000, 28, 28)
+    assert sorted(set(test.labels.tolist())) == list(range(10))
+
+
+# --------------------------------------------------------------------------------------------------- figures
+def benchmark_rows() -> list[dict]:
+    """Rows shaped as the Fashion-MNIST benchmark's: 8 models, 2 recipes, 3 seeds, the modes each takes."""
+    g = np.random.default_rng(0)
+    every, some = ["none", "pi", "ntk", "yarn", "normalized"], ["none", "pi", "normalized"]
+    models = {"vit_ape_tiny": ["-"], "vit_rope_tiny": every, "vit_rope_mixed_tiny": some, "vit_comrope_tiny": some,
+              "vit_liere_tiny": ["none", "pi"], "vit_string_tiny": some, "vit_spiral_tiny": every,
+              "vit_lookhere_tiny": ["none"]}  # fmt: skip
+    return [
+        dict(model=m, recipe=recipe, seed=seed, train_size=28, eval_size=size, protocol="resize", rope_scaling=mode,
+             top1=round(float(g.uniform(10, 90)), 2), top5=99.0, loss=1.0, params=210_000)
+        for seed in range(3) for recipe in ("single-res", "multi-res") for m, modes in models.items()
+        for size in (16, 20, 24, 28, 32, 40, 48, 56) for mode in modes
+    ]  # fmt: skip
+
+
+def test_both_figures_are_written_with_the_legend_inside(tmp_path):
+    rows = benchmark_rows()
+    report.write_results(rows, tmp_path, 28, "fashion_mnist")
+    for name in ("accuracy_vs_resolution.png", "extrapolation.png"):
+        assert (tmp_path / name).stat().st_size > 10_000
+    summary = report.summarise(rows)
+    for make in (report.accuracy_figure, report.extrapolation_figure):
+        fig = make(summary, 28, "fashion_mnist")
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        (legend,) = fig.legends
+        box, page = legend.get_window_extent(renderer), fig.bbox
+        assert page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0 and box.y1 <= page.y1, (make, box, page)
+        assert not any(ax.get_window_extent(renderer).overlaps(box) for ax in fig.axes)
+        assert len(legend.get_texts()) == 8 * 2 + 5  # a colour per (model, recipe), a style per scaling mode
+        report.pyplot().close(fig)
+    text = (tmp_path / "results.md").read_text()
+    cell = [r["top1"] for r in rows if (r["model"], r["recipe"], r["eval_size"], r["rope_scaling"])
+            == ("vit_liere_tiny", "multi-res", 56, "pi")]  # fmt: skip
+    line = next(s for s in text.splitlines() if s.startswith("| vit_liere_tiny | multi-res | pi | 0.21M | 3 |"))
+    assert line.endswith(f" {statistics.fmean(cell):.1f} ± {statistics.stdev(cell):.1f} |")
+
+
+def test_extrapolation_axes_name_the_sizes_that_stand_in(tmp_path):
+    rows = [r for r in benchmark_rows() if r["eval_size"] in (20, 28, 48)]
+    fig = report.extrapolation_figure(report.summarise(rows), 28, "fashion_mnist")
+    labels = [ax.get_ylabel() for ax in fig.axes]
+    assert labels == ["top-1 (%) at 20 px (0.5x the training size, the nearest evaluated to 14 px)",
+                      "top-1 (%) at 48 px (2x the training size, the nearest evaluated to 56 px)"]  # fmt: skip
+    assert fig.axes[0].get_xlabel() == "top-1 (%) at 28 px (the training size)"
+    report.pyplot().close(fig)
