@@ -61,6 +61,23 @@ def test_tiny_comparison_end_to_end(tmp_path):
     model.load_state_dict(weights)
 
 
+def test_every_family_compared_in_one_run(tmp_path):
+    models = ["vit_ape_tiny", "vit_rope_tiny", "vit_comrope_tiny", "vit_liere_tiny", "vit_string_tiny",
+              "vit_spiral_tiny", "vit_lookhere_tiny"]  # fmt: skip
+    modes = ["none", "pi", "ntk", "yarn", "normalized"]
+    args = [*TINY[3:], "--models", *models, "--rope-scaling", *modes, "--epochs", "1", "--no-native-eval"]
+    rows = train.main([*args, "--output", str(tmp_path)])
+    for name in models:
+        model = timm.create_model(name, patch_size=8, depth=1, embed_dim=32, num_heads=2)
+        takes = [m for m in modes if m in model.rope_scaling_modes()] or ["-"]
+        mine = [r for r in rows if r["model"] == name]
+        assert sorted({r["rope_scaling"] for r in mine}) == sorted(takes), name
+        assert len(mine) == 2 * len(takes) and all(0 <= r["top1"] <= 100 for r in mine), name
+        assert (tmp_path / name / "model.safetensors").exists()
+    assert {r["rope_scaling"] for r in rows if r["model"] == "vit_spiral_tiny"} == set(modes)  # a fixed ladder
+    assert "ntk" not in {r["rope_scaling"] for r in rows if r["model"] in ("vit_comrope_tiny", "vit_liere_tiny")}
+
+
 def test_resume_after_sigkill_gives_identical_results(tmp_path):
     args = [*TINY, "--epochs", "4"]
     full = run(*args, "--output", str(tmp_path / "full"))
