@@ -339,3 +339,19 @@ def test_extrapolation_axes_name_the_sizes_that_stand_in(tmp_path):
                       "top-1 (%) at 48 px (2x the training size, the nearest evaluated to 56 px)"]  # fmt: skip
     assert fig.axes[0].get_xlabel() == "top-1 (%) at 28 px (the training size)"
     report.pyplot().close(fig)
+
+
+def test_headline_names_each_models_best_mode_at_twice_the_training_size():
+    rows = benchmark_rows()
+    for r in rows:
+        if (r["model"], r["recipe"], r["rope_scaling"], r["eval_size"]) == ("vit_rope_tiny", "multi-res", "yarn", 56):
+            r["top1"] = 99.0 + r["seed"] * 0.5
+    text = report.headline_table(report.summarise(rows), 28)
+    assert "| model | recipe | best scaling at 2x | 16 px | 28 px | 56 px | 56 / 28 |" in text
+    lines = [s for s in text.splitlines() if s.startswith("| vit_")]
+    assert len(lines) == 8 * 2  # a row per (model, recipe)
+    line = next(s for s in lines if s.startswith("| vit_rope_tiny | multi-res |"))
+    at_28 = statistics.fmean(r["top1"] for r in rows if (r["model"], r["recipe"], r["rope_scaling"], r["eval_size"])
+                             == ("vit_rope_tiny", "multi-res", "yarn", 28))  # fmt: skip
+    assert line.startswith("| vit_rope_tiny | multi-res | yarn |")
+    assert line.endswith(f"| 99.5 ± 0.5 | {99.5 / at_28:.2f} |")

@@ -29,7 +29,7 @@ def write_results(rows: list[dict], out: Path, train_size: int, dataset: str) ->
     """``rows`` (one per run, eval size, protocol and RoPE scaling mode) as the four result files in ``out``."""
     write_csv(rows, str(out / "results.csv"))
     summary = summarise(rows)
-    (out / "results.md").write_text(markdown_tables(summary, train_size))
+    (out / "results.md").write_text(headline_table(summary, train_size) + "\n" + markdown_tables(summary, train_size))
     plt = pyplot()
     for figure, name in ((accuracy_figure, "accuracy_vs_resolution.png"), (extrapolation_figure, "extrapolation.png")):
         fig = figure(summary, train_size, dataset)
@@ -75,6 +75,38 @@ def markdown_tables(summary: Summary, train_size: int) -> str:
             row += [cell_text(by_size[s]) if s in by_size else "" for s in sizes]
             lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines).lstrip() + "\n"
+
+
+def nearest(sizes, size: int) -> int:
+    """The evaluated size nearest to ``size`` (the smaller one on a tie)."""
+    return min(sizes, key=lambda s: (abs(s - size), s))
+
+
+def headline_table(summary: Summary, train_size: int) -> str:
+    """A row per (model, recipe) under the scaling mode with the best mean top-1 at 2x the training size (protocol
+    'resize', else the first): top-1 at 0.5x, 1x and 2x (the nearest evaluated sizes) and 2x against 1x."""
+    protocol = "resize" if "resize" in summary else next(iter(summary))
+    curves = summary[protocol]
+    sizes = sorted({s for cells in curves.values() for s in cells})
+    low, base, high = (nearest(sizes, round(train_size * f)) for f in (0.5, 1, 2))
+    best: dict[tuple[str, str], tuple[str, dict]] = {}
+    for (model, recipe, mode), cells in curves.items():
+        if high in cells and (
+            (model, recipe) not in best or cells[high]["mean"] > best[model, recipe][1][high]["mean"]
+        ):
+            best[model, recipe] = (mode, cells)
+    head = ["model", "recipe", "best scaling at 2x", f"{low} px", f"{base} px", f"{high} px", f"{high} / {base}"]
+    lines = [
+        f"**Headline: top-1 (%) at about 0.5x, 1x and 2x the training size ({train_size} px), protocol `{protocol}`, "
+        "each model and recipe under its scaling mode with the best mean at 2x**\n",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
+    for (model, recipe), (mode, cells) in best.items():
+        ratio = cells[high]["mean"] / cells[base]["mean"] if cells.get(base, {}).get("mean") else math.nan
+        row = [model, recipe or "-", mode, *(cell_text(cells[s]) if s in cells else "" for s in (low, base, high))]
+        lines.append("| " + " | ".join([*row, f"{ratio:.2f}"]) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def cell_text(cell: dict) -> str:
@@ -148,18 +180,15 @@ def extrapolation_figure(summary: Summary, train_size: int, dataset: str):
     curves = summary[protocol]
     evaluated = sorted({s for cells in curves.values() for s in cells})
 
-    def nearest(size: int) -> int:
-        return min(evaluated, key=lambda s: (abs(s - size), s))
-
     def at(size: int, wanted: int, what: str) -> str:
         stand_in = "" if size == wanted else f", the nearest evaluated to {wanted} px"
         return f"top-1 (%) at {size} px ({what}{stand_in})"
 
-    colour, base = colours(list(curves)), nearest(train_size)
+    colour, base = colours(list(curves)), nearest(evaluated, train_size)
     fig, axes = plt.subplots(1, 2, figsize=(12, 5.5), layout="constrained", dpi=DPI)
     for ax, factor in zip(axes, (0.5, 2), strict=True):
         wanted = round(train_size * factor)
-        other = nearest(wanted)
+        other = nearest(evaluated, wanted)
         for (model, recipe, mode), cells in curves.items():
             if base in cells and other in cells:
                 x, y = cells[base], cells[other]
