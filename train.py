@@ -3,7 +3,7 @@ resolutions it never saw: the APE-vs-RoPE comparison.
 
     python train.py                                   # configs/default.yaml: offline, 2-core CPU, ~10 min
     python train.py --config configs/cifar10.yaml     # any config key is also a flag: --epochs 3 --lr 1e-3 ...
-    python train.py --config configs/resolution_fashion.yaml   # 8 encodings x 2 recipes x 3 seeds, ~3 h on 2 cores
+    python train.py --config configs/resolution_fashion.yaml   # 8 encodings x 2 recipes x 3 seeds, 90 min on 2 cores
     torchrun --nproc_per_node 8 train.py --config configs/imagenet_deit3_s.yaml --data-dir /data/imagenet
     python train.py --output runs/x --resume          # continue a killed run from its last finished epoch
 
