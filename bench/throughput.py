@@ -40,18 +40,10 @@ import timm
 import torch
 
 import vit_rope  # registers the models
-import vit_rope.apply
+import vit_rope.tables
 
 FIGURES: dict[str, float] = {}  # name -> value: the headline figures of this run (for --processes)
 SECTIONS = ["rope", "apply", "families", "video"]
-FAMILY_MODELS = {
-    "mixed": "vit_rope_mixed_small",
-    "string (folded)": "vit_string_small",
-    "spiral": "vit_spiral_small",
-    "comrope": "vit_comrope_small",
-    "liere": "vit_liere_small",
-    "lookhere": "vit_lookhere_small",
-}
 
 
 def synchronize() -> None:
@@ -200,10 +192,12 @@ def rope_against_ape(setup: Setup, sizes: list[int], batch: int, repeats: int) -
 
 
 def families_against_axial(setup: Setup, batch: int, repeats: int, size: int = 224) -> None:
-    """Each family's ViT-S against axial RoPE's: inference (tables cached per grid) and the train step."""
+    """Each registered family's ViT-S against axial RoPE's on the same trunk: inference (tables cached per grid) and
+    the train step."""
     x = torch.randn(batch, 3, size, size, device=setup.device)
-    for family, name in FAMILY_MODELS.items():
-        models = {"axial": setup.model("vit_rope_small", img_size=size), family: setup.model(name, img_size=size)}
+    for family in (name for name in vit_rope.FAMILIES if name != "axial"):
+        other = setup.model("vit_rope_small", img_size=size, pos_embed=family)
+        models = {"axial": setup.model("vit_rope_small", img_size=size), family: other}
         forward, step = setup.compare(models, x, repeats)
         fwd = speed_ratio(forward, family, "axial", f"{size}px forward {family}/axial")
         train = speed_ratio(step, family, "axial", f"{size}px train-step {family}/axial")
@@ -219,12 +213,12 @@ class ReferenceApply(torch.nn.Module):
         self.model = model
 
     def forward(self, x):
-        fast = vit_rope.apply.tracing
-        vit_rope.apply.tracing = lambda: True  # the fast path is never taken while tracing
+        fast = vit_rope.tables.tracing
+        vit_rope.tables.tracing = lambda: True  # the fast path is never taken while tracing
         try:
             return self.model(x)
         finally:
-            vit_rope.apply.tracing = fast
+            vit_rope.tables.tracing = fast
 
 
 def fast_path_against_reference(setup: Setup, batch: int, repeats: int, size: int = 224) -> None:

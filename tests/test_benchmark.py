@@ -131,10 +131,12 @@ def test_coordinate_augmentation_and_other_kwargs_come_from_a_config(tmp_path):
     for run in runs.plan_runs(cfg):
         model = train_config.build_model(run.cfg, run.spec, num_classes=8).train()
         dinov3 = run.recipe == "dinov3"
-        assert (model.rope.shift, model.rope.jitter, model.rope.rescale) == (
+        assert (model.position_encoding.shift, model.position_encoding.jitter, model.position_encoding.rescale) == (
             (0.5, 1.4, 2.0) if dinov3 else (0.5, None, None)
         )
-        model.rope.shift = None  # the shift alone also moves the coordinates; without it only the recipe's draws do
+        model.position_encoding.shift = (
+            None  # the shift alone also moves the coordinates; without it only the recipe's draws do
+        )
         torch.manual_seed(0)
         assert torch.equal(model(x), model(x)) != dinov3
 

@@ -574,7 +574,7 @@ def test_eval_only_refuses_weights_that_do_not_fit_a_model(finished_run, tmp_pat
                     "--output", str(tmp_path / "ev")])  # fmt: skip
     mixed = ["--models", "vit_rope_mixed_tiny", "--rope-scaling", "none"]
     rope = finished_run / "vit_rope_tiny" / "model.safetensors"
-    lacks = r"does not fit vit_rope_mixed_tiny: .*lacks the model's \['rope.family.frequencies'\]"
+    lacks = r"does not fit vit_rope_mixed_tiny: .*lacks the model's \['position_encoding.family.frequencies'\]"
     with pytest.raises(SystemExit, match=lacks):
         train.main([*TINY, *mixed, "--eval-only", "--initial-checkpoint", str(rope), "--output", str(tmp_path / "ev")])
     assert not (tmp_path / "ev").exists()

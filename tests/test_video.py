@@ -32,11 +32,15 @@ def test_two_clip_lengths_and_sizes(clip):
 
 def test_3d_rope_splits_head_dim_per_axis():
     small = timm.create_model("vit_rope3d_small", depth=1)
-    assert small.rope.axes == 3 and small.rope.family.axis_dims == (20, 20, 20)  # head_dim 64, 4 channels unrotated
+    assert small.position_encoding.axes == 3 and small.position_encoding.family.axis_dims == (
+        20,
+        20,
+        20,
+    )  # head_dim 64, 4 channels unrotated
     mrope = timm.create_model("vit_rope3d_small", depth=1, rope_axis_dims=(16, 24, 24))
-    assert mrope.rope.family.axis_dims == (16, 24, 24)
+    assert mrope.position_encoding.family.axis_dims == (16, 24, 24)
     # time (grid axis 0) turns the last section: channel pairs 24..31 of a (t=1, h=0, w=0) token
-    t = mrope.rope.table((2, 1, 1), dtype=torch.float64)
+    t = mrope.position_encoding.table((2, 1, 1), dtype=torch.float64)
     turned = (t.sin[2] != 0).nonzero().flatten().tolist()
     assert turned == list(range(24, 32))
 
@@ -137,7 +141,7 @@ def test_image_weights_that_do_not_fit_a_video_model_are_refused(tmp_path):
         (
             "vit_rope_mixed_tiny",
             dict(pos_embed="rope_mixed"),
-            r"rope.family.frequencies \(1, 3, 2, 32\) does not map onto the video model's \(1, 3, 3, 30\)",
+            r"position_encoding.family.frequencies \(1, 3, 2, 32\) does not map onto the video model's \(1, 3, 3, 30\)",
         ),
     ]:
         path = tmp_path / "image.safetensors"
@@ -174,7 +178,7 @@ def test_video_rope_mixed_runs():
     model = tiny_video(pos_embed="rope_mixed")
     out = model(torch.randn(1, 3, 4, 32, 32))
     out.sum().backward()
-    assert model.rope.family.frequencies.grad is not None
+    assert model.position_encoding.family.frequencies.grad is not None
 
 
 @pytest.mark.parametrize("pos_embed", ["comrope", "comrope_ap", "liere", "string", "spiral"])

@@ -68,20 +68,20 @@ def test_rope_positions_follow_the_grid():
     """A rectangular input uses the (rows, cols) grid: the table equals the layer's own table for that grid."""
     model = tiny().eval()
     seen = {}
-    orig = model.rope.table
+    orig = model.position_encoding.table
 
     def spy(grid, *a, **k):
         seen["grid"] = grid
         return orig(grid, *a, **k)
 
-    model.rope.table = spy
+    model.position_encoding.table = spy
     model(torch.randn(1, 3, 48, 128))
     assert seen["grid"] == (3, 8)
 
 
 def test_prefix_tokens_have_identity_rows_in_the_table():
     model = tiny(reg_tokens=2).eval()
-    t = model.rope.table((4, 4))
+    t = model.position_encoding.table((4, 4))
     assert t.num_tokens == 3 + 16
     assert torch.equal(t.cos[:3], torch.ones_like(t.cos[:3])) and torch.equal(t.sin[:3], torch.zeros_like(t.sin[:3]))
     assert not torch.equal(t.sin[3:], torch.zeros_like(t.sin[3:]))
@@ -89,8 +89,8 @@ def test_prefix_tokens_have_identity_rows_in_the_table():
 
 def test_rope_buffers_are_not_in_checkpoints():
     for name in ("vit_rope_tiny", "vit_rope_mixed_tiny"):
-        keys = [k for k in tiny(name).state_dict() if k.startswith("rope")]
-        assert keys == ([] if name == "vit_rope_tiny" else ["rope.family.frequencies"])
+        keys = [k for k in tiny(name).state_dict() if k.startswith("position_encoding")]
+        assert keys == ([] if name == "vit_rope_tiny" else ["position_encoding.family.frequencies"])
     model = tiny()
     model(torch.randn(1, 3, 64, 64))  # a table is cached now
     assert all("cos" not in k and "sin" not in k for k in model.state_dict())
@@ -125,7 +125,7 @@ def test_attention_equals_a_hand_written_reference(targets, family, heads):
     import torch.nn.functional as F
 
     from vit_rope.attention import Attention, parse_rope_targets
-    from vit_rope.rope import RotaryEmbedding
+    from vit_rope.position_encoding import RotaryEmbedding
 
     letters = parse_rope_targets(targets)  # "none" -> ""
     dim, n = 16 * heads, 1 + 12
@@ -190,7 +190,7 @@ def test_backward_hook_on_qkv_sees_the_projection_and_changes_nothing():
 
 def test_attention_refuses_a_table_of_every_layer():
     from vit_rope.attention import Attention
-    from vit_rope.rope import RotaryEmbedding
+    from vit_rope.position_encoding import RotaryEmbedding
 
     rope = RotaryEmbedding(8, axes=2, freqs="mixed", num_heads=2, depth=2)
     table = rope.table((2, 2))  # (depth, heads, N, dim // 2): one layer must be picked
@@ -210,7 +210,7 @@ def test_vo_rope_refuses_yarn_where_its_temperature_applies():
 def test_vo_rope_model_output_is_shift_invariant():
     """With rope_targets='vo' and no q/k rotation, attention output depends only on relative positions."""
     from vit_rope.attention import Attention
-    from vit_rope.rope import RotaryEmbedding
+    from vit_rope.position_encoding import RotaryEmbedding
 
     attn = Attention(64, num_heads=2, rope_targets="vo").double()
     rope = RotaryEmbedding(32, axes=2)
@@ -301,7 +301,7 @@ SMALL = dict(img_size=32, patch_size=8)
         (
             dict(name="vit_rope_tiny"),
             dict(name="vit_rope_mixed_tiny"),
-            r"lacks the model's \['rope.family.frequencies'\]",
+            r"lacks the model's \['position_encoding.family.frequencies'\]",
         ),
         (dict(depth=2), dict(depth=1), r"it has \['blocks.1.attn.proj.bias', .*\] and 6 more, which the model lacks"),
         (dict(depth=1), dict(depth=2), r"it lacks the model's \['blocks.1.norm1.weight', .*\] and 6 more"),
@@ -343,14 +343,14 @@ def test_rope_scaling_modes_are_the_models_to_say():
     with pytest.raises(ValueError, match="'ntk'.*this model.*takes"):
         mixed.set_rope_scaling("ntk")
     vo.set_rope_scaling("pi")
-    assert vo.rope.scaling == "pi"
+    assert vo.position_encoding.scaling == "pi"
 
 
 def test_mixed_checkpoint_roundtrip_keeps_frequencies(tmp_path):
     src = tiny("vit_rope_mixed_tiny")
     path = save(src, tmp_path / "m.safetensors")
     dst = tiny("vit_rope_mixed_tiny", pretrained=True, pretrained_cfg_overlay=dict(file=path), img_size=96)
-    torch.testing.assert_close(dst.rope.family.frequencies, src.rope.family.frequencies)
+    torch.testing.assert_close(dst.position_encoding.family.frequencies, src.position_encoding.family.frequencies)
 
 
 # ---------------------------------------------------------------------------------------------- timm API
@@ -361,7 +361,7 @@ def test_new_families_follow_the_timm_api(name):
     model = tiny(name, num_classes=5, depth=3).eval()
     x = torch.randn(2, 3, 64, 96)
     assert model.forward_head(model.forward_features(x), pre_logits=True).shape == (2, 192)
-    learned = {n for n, _ in model.named_parameters() if n.startswith("rope.")}
+    learned = {n for n, _ in model.named_parameters() if n.startswith("position_encoding.")}
     assert learned <= model.no_weight_decay() and bool(learned) == (
         name not in ("vit_spiral_tiny", "vit_lookhere_tiny")
     )
@@ -444,7 +444,7 @@ def test_grad_checkpointing_gives_same_output_and_grads(name, reentrant, monkeyp
     a = model(x)
     a.sum().backward()
     g = {n: p.grad.clone() for n, p in model.named_parameters()}
-    assert all(g[n].any() for n in g if n.startswith("rope."))
+    assert all(g[n].any() for n in g if n.startswith("position_encoding."))
     model.zero_grad(set_to_none=True)
     model.set_grad_checkpointing(True)
     torch.manual_seed(0)
@@ -461,7 +461,7 @@ def test_set_input_size_resamples_ape_and_moves_rope_reference():
     assert model.pos_embed.shape == (1, 64, 192)
     rope = tiny("vit_rope_tiny", rope_scaling="pi")
     rope.set_input_size(img_size=128)
-    assert rope.rope.ref_grid == (8, 8)
+    assert rope.position_encoding.ref_grid == (8, 8)
 
 
 def test_set_input_size_keeps_ape_outputs_at_the_new_size():
@@ -561,7 +561,7 @@ def test_torch_compile_matches_eager(name):
     model = tiny(name, num_classes=5, reg_tokens=1, embed_dim=64, num_heads=2)
     with torch.no_grad():  # weights of order one, so attention is far from uniform and the rotation shows in logits
         for n, p in model.named_parameters():
-            if p.ndim > 1 and not n.startswith("rope"):
+            if p.ndim > 1 and not n.startswith("position_encoding"):
                 p.copy_(torch.randn_like(p) * p[0].numel() ** -0.5)
             elif n.endswith("gamma"):  # LayerScale, 1e-5 at init
                 p.fill_(1.0)

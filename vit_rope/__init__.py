@@ -3,8 +3,8 @@
 from . import video, vit  # noqa: F401  (register the models in timm)
 from .checkpoint import checkpoint_filter_fn
 from .families import FAMILIES, Family, register_family
-from .rope import SCALING_MODES, PositionEncoding, RotaryEmbedding
-from .tables import AttentionBias, BlockTable, RotaryTable, apply_rotary
+from .position_encoding import SCALING_MODES, PositionEncoding, RotaryEmbedding
+from .tables import AttentionBias, RotaryTable, apply_rotary
 from .video import VideoVisionTransformer
 from .vit import VisionTransformer
 
@@ -12,7 +12,6 @@ __all__ = [
     "FAMILIES",
     "SCALING_MODES",
     "AttentionBias",
-    "BlockTable",
     "Family",
     "PositionEncoding",
     "RotaryEmbedding",

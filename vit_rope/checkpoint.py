@@ -85,12 +85,12 @@ def _adapt_patch_kernel(v: Tensor, own: Tensor) -> Tensor:
 
 def rename_timm_keys(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
     """timm Eva's names → ours: ``gamma_1/2`` → ``ls1/2.gamma``; its mixed frequencies ``rope.freqs (2=(x, y), depth,
-    heads, P)`` → ``rope.family.frequencies (depth, heads, axes=(row, col), P)``."""
+    heads, P)`` → ``position_encoding.family.frequencies (depth, heads, axes=(row, col), P)``."""
     out = {}
     for k, v in state_dict.items():
         k = k.replace("gamma_1", "ls1.gamma").replace("gamma_2", "ls2.gamma")
         if k == "rope.freqs" and v.ndim == 4 and v.shape[0] == 2:
-            k, v = "rope.family.frequencies", torch.stack((v[1], v[0]), dim=2)
+            k, v = "position_encoding.family.frequencies", torch.stack((v[1], v[0]), dim=2)
         out[k] = v
     return out
 
@@ -191,7 +191,8 @@ def inflate_image_checkpoint(state_dict: dict[str, Tensor], model: nn.Module) ->
             pe = resample_grid_embed(pe, (H, W), src)
             state_dict["pos_embed"] = pe.reshape(1, 1, H * W, -1).expand(1, T, H * W, -1).reshape(1, T * H * W, -1)
     own = model.state_dict()
-    for k in [k for k in state_dict if k.startswith("rope.") and k in own and state_dict[k].shape != own[k].shape]:
+    learned = [k for k in state_dict if k.startswith("position_encoding.") and k in own]
+    for k in [k for k in learned if state_dict[k].shape != own[k].shape]:
         raise ValueError(
             f"the checkpoint's learned position parameter {k} {tuple(state_dict[k].shape)} does not map onto the "
             f"video model's {tuple(own[k].shape)} (three axes): a video model with a learned position encoding loads "

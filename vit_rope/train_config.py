@@ -16,7 +16,7 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, resolve_data_
 
 from . import data as D
 from .checkpoint import checkpoint_filter_fn, inflate_image_checkpoint, unwrap_state_dict
-from .rope import SCALING_MODES
+from .position_encoding import SCALING_MODES
 
 # Every config key with its default and help, in the groups of --help. A YAML key not listed here is an error.
 OPTIONS: dict[str, dict[str, tuple[object, str]]] = {

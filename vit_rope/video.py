@@ -13,12 +13,14 @@ trunk is shared; an image APE is repeated over time.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import to_2tuple
 from timm.layers._fx import register_notrace_function
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models._builder import resolve_pretrained_cfg
 from torch import Tensor, nn
 
 from .checkpoint import inflate_image_checkpoint
@@ -31,7 +33,17 @@ __all__ = ["TubeletEmbed", "VideoVisionTransformer"]
 class TubeletEmbed(nn.Module):
     """Non-overlapping ``tubelet × patch × patch`` Conv3d; output channels-last ``(B, T', H', W', C)``."""
 
-    def __init__(self, img_size=224, num_frames=16, tubelet_size=2, patch_size=16, in_chans=3, embed_dim=768):
+    def __init__(
+        self,
+        img_size=224,
+        num_frames=16,
+        tubelet_size=2,
+        patch_size=16,
+        in_chans=3,
+        embed_dim=768,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         self.patch_size = to_2tuple(patch_size)
         self.tubelet_size = tubelet_size
@@ -44,7 +56,7 @@ class TubeletEmbed(nn.Module):
             self.img_size[1] // self.patch_size[1],
         )
         kernel = (tubelet_size, *self.patch_size)
-        self.proj = nn.Conv3d(in_chans, embed_dim, kernel_size=kernel, stride=kernel)
+        self.proj = nn.Conv3d(in_chans, embed_dim, kernel_size=kernel, stride=kernel, device=device, dtype=dtype)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.proj(x).permute(0, 2, 3, 4, 1)
@@ -87,8 +99,8 @@ class VideoVisionTransformer(VisionTransformer):
             raise ValueError("video models do not pad; crop clips to multiples of the tubelet and patch size")
         super().__init__(**kwargs)
 
-    def _make_patch_embed(self, img_size, patch_size, in_chans, embed_dim, dynamic_img_pad) -> nn.Module:
-        return TubeletEmbed(img_size, self._num_frames, self._tubelet_size, patch_size, in_chans, embed_dim)
+    def _make_patch_embed(self, img_size, patch_size, in_chans, embed_dim, dynamic_img_pad, dd) -> nn.Module:
+        return TubeletEmbed(img_size, self._num_frames, self._tubelet_size, patch_size, in_chans, embed_dim, **dd)
 
     def _check_input(self, x: Tensor) -> None:
         pe = self.patch_embed
@@ -102,7 +114,7 @@ def _cfg(**kwargs):
     return dict(
         url="",
         num_classes=400,
-        input_size=(3, 224, 224),  # per frame; clips default to num_frames=16
+        input_size=(3, 16, 224, 224),  # a clip: (C, T, H, W), as the models take it
         pool_size=None,
         crop_pct=1.0,
         interpolation="bicubic",
@@ -119,15 +131,23 @@ default_cfgs = generate_default_cfgs({"vit_rope3d_tiny": _cfg(), "vit_rope3d_sma
 
 
 def _create(variant: str, pretrained: bool, size: str, **kwargs) -> VideoVisionTransformer:
-    args = dict(patch_size=16, tubelet_size=2, num_frames=16, num_classes=400, pos_embed="rope", **SIZES[size])
-    return build_model_with_cfg(
+    # timm's builder reads in_chans off a 3-entry (C, H, W) input size: it gets the frame's, the model keeps the clip's
+    cfg = resolve_pretrained_cfg(
+        variant, kwargs.pop("pretrained_cfg", None), kwargs.pop("pretrained_cfg_overlay", None)
+    )
+    channels, frames, *frame = cfg.input_size
+    args = dict(patch_size=16, tubelet_size=2, num_frames=frames, num_classes=400, pos_embed="rope", **SIZES[size])
+    model = build_model_with_cfg(
         VideoVisionTransformer,
         variant,
         pretrained,
+        pretrained_cfg=replace(cfg, input_size=(channels, *frame)),
         pretrained_filter_fn=inflate_image_checkpoint,
         feature_cfg=dict(out_indices=3, feature_cls="getter"),
         **dict(args, **kwargs),
     )
+    model.pretrained_cfg = model.default_cfg = cfg.to_dict()
+    return model
 
 
 @register_model

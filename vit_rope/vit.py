@@ -3,9 +3,8 @@
 A pre-norm ViT with patch embedding, a cls token (optional register tokens) and LayerScale: the DeiT-III trunk
 (Touvron et al. 2022). ``pos_embed`` picks the only part that differs between variants:
 
-* a position-encoding family, by its name or its models' name: ``"rope"`` (axial RoPE, Heo et al. ECCV 2024),
-  ``"rope_mixed"`` (RoPE-Mixed), ``"comrope"`` (ComRoPE-LD; ``"comrope_ap"`` too), ``"liere"``, ``"string"``
-  (Cayley-STRING), ``"spiral"``, ``"lookhere"`` (see :mod:`vit_rope.families`)
+* a position-encoding family of the registry (:mod:`vit_rope.families`), by its name or its models' name (``"rope"``
+  is axial RoPE, Heo et al. ECCV 2024)
 * ``"ape"``: learned absolute embedding over the patch grid (resampled bicubically at other sizes)
 * ``"rope_ape"``: both, as RoPE-ViT's "+APE" models
 * ``"sincos"``: fixed 2D sin-cos absolute embedding
@@ -22,6 +21,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
+from contextlib import nullcontext
 from functools import partial
 from typing import Any
 
@@ -39,21 +39,30 @@ from torch import Tensor, nn
 from .attention import Attention, parse_rope_targets
 from .checkpoint import checkpoint_filter_fn, resample_grid_embed
 from .checks import check_global_pool, check_image_input, check_rates, check_sizes
-from .families import FAMILIES
-from .rope import PositionEncoding
-from .tables import Encoding
+from .families import FAMILIES, Family, on_register
+from .position_encoding import PositionEncoding
+from .tables import Table
 
-__all__ = ["POS_EMBEDS", "VisionTransformer", "family_of"]
+__all__ = ["VisionTransformer", "family_of", "pos_embed_names"]
 
 ABSOLUTE = ("ape", "sincos", "none")
-# a family under its models' name ("rope" → axial) or its own; "rope_ape" is axial RoPE and an APE
-POS_FAMILIES = {name: name for name in FAMILIES} | {f.model_name: n for n, f in FAMILIES.items() if f.model_name}
-POS_EMBEDS = (*ABSOLUTE, "rope_ape", *POS_FAMILIES)
 
 
 def family_of(pos_embed: str) -> str | None:
-    """The position-encoding family a ``pos_embed`` value names (None for absolute embeddings alone)."""
-    return "axial" if pos_embed == "rope_ape" else POS_FAMILIES.get(pos_embed)
+    """The registered family a ``pos_embed`` value names, by its name or its models' name ("rope" → axial; "rope_ape"
+    is axial RoPE and an APE); None for absolute embeddings alone. Asks the registry now, so that a family registered
+    later (in a user's module) is one too."""
+    if pos_embed == "rope_ape":
+        return "axial"
+    if pos_embed in FAMILIES:
+        return pos_embed
+    return next((name for name, f in FAMILIES.items() if f.model_name == pos_embed), None)
+
+
+def pos_embed_names() -> tuple[str, ...]:
+    """Every ``pos_embed`` value the models take now."""
+    models = tuple(f.model_name for f in FAMILIES.values() if f.model_name)
+    return (*ABSOLUTE, "rope_ape", *FAMILIES, *models)
 
 
 class Block(nn.Module):
@@ -70,20 +79,23 @@ class Block(nn.Module):
         attn_drop: float = 0.0,
         drop_path: float = 0.0,
         rope_targets: str = "qk",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        norm_layer = partial(nn.LayerNorm, eps=1e-6)
+        dd = dict(device=device, dtype=dtype)
+        norm_layer = partial(nn.LayerNorm, eps=1e-6, **dd)
         self.norm1 = norm_layer(dim)
-        self.attn = Attention(dim, num_heads, qkv_bias, attn_drop, proj_drop, rope_targets)
-        self.ls1 = LayerScale(dim, init_values) if init_values else nn.Identity()
+        self.attn = Attention(dim, num_heads, qkv_bias, attn_drop, proj_drop, rope_targets, **dd)
+        self.ls1 = LayerScale(dim, init_values, **dd) if init_values else nn.Identity()
         self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = norm_layer(dim)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=nn.GELU, drop=proj_drop)
-        self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=nn.GELU, drop=proj_drop, **dd)
+        self.ls2 = LayerScale(dim, init_values, **dd) if init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
-    def forward(self, x: Tensor, pos: Encoding | None = None) -> Tensor:
-        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), pos)))
+    def forward(self, x: Tensor, table: Table | None = None) -> Tensor:
+        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), table)))
         return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
 
 
@@ -101,18 +113,16 @@ def absolute_positions(x: Tensor, pos_embed: Tensor | None, sincos: bool, ref_gr
 
 
 @register_notrace_function
-def encode_positions(
-    rope: PositionEncoding | None, grid: tuple[int, ...], keep: Tensor | None, x: Tensor, vo: bool
-) -> Encoding | None:
-    """The encoding of the grid (cached; prefix rows identity), of its tokens ``keep (B, K)`` after token dropping."""
-    if rope is None:
-        return None
-    if vo and rope.has_temperature(grid):
+def position_table(
+    encoding: PositionEncoding, grid: tuple[int, ...], keep: Tensor | None, x: Tensor, vo: bool
+) -> Table:
+    """The table of the grid (cached; prefix rows identity), of its tokens ``keep (B, K)`` after token dropping."""
+    if vo and encoding.has_temperature(grid):
         raise ValueError(
             f"rope_scaling='yarn' at grid {grid} scales q and k by its attention temperature, which would scale v and "
             "the output too with rope_targets turning v or o; use rope_scaling 'pi', 'ntk' or 'normalized' there"
         )
-    return rope.table(grid, keep=keep, device=x.device, dtype=x.dtype)
+    return encoding.table(grid, keep=keep, device=x.device, dtype=x.dtype)
 
 
 @register_notrace_function
@@ -121,9 +131,9 @@ def tokens_to_grid(x: Tensor, grid: tuple[int, ...]) -> Tensor:
     return x.reshape(x.shape[0], *grid, -1).movedim(-1, 1).contiguous()
 
 
-def _block_with_tensors(block: nn.Module, x: Tensor, pos: Encoding, *tensors: Tensor | None) -> Tensor:
-    """A block run on an encoding whose tensors come as arguments (so that gradient checkpointing keeps them)."""
-    return block(x, pos.with_tensors(*tensors))
+def _block_with_tensors(block: nn.Module, x: Tensor, table: Table, *tensors: Tensor | None) -> Tensor:
+    """A block run on a table whose tensors come as arguments (so that gradient checkpointing keeps them)."""
+    return block(x, table.with_tensors(*tensors))
 
 
 class VisionTransformer(nn.Module):
@@ -167,10 +177,12 @@ class VisionTransformer(nn.Module):
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
         weight_init: str = "",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        if pos_embed not in POS_EMBEDS:
-            raise ValueError(f"pos_embed={pos_embed!r}: choose one of {POS_EMBEDS}")
+        if pos_embed not in pos_embed_names():
+            raise ValueError(f"pos_embed={pos_embed!r}: choose one of {pos_embed_names()}")
         check_global_pool(global_pool, class_token)
         check_sizes(embed_dim=embed_dim, depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio, reg_tokens=reg_tokens)
         check_rates(
@@ -181,6 +193,7 @@ class VisionTransformer(nn.Module):
             drop_path_rate=drop_path_rate,
             patch_drop_rate=patch_drop_rate,
         )
+        dd = dict(device=device, dtype=dtype)
         self.num_classes, self.global_pool, self.in_chans = num_classes, global_pool, in_chans
         self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
         self.num_prefix_tokens = int(class_token) + reg_tokens
@@ -188,49 +201,35 @@ class VisionTransformer(nn.Module):
         self.pos_embed_type = pos_embed
         self.grad_checkpointing = False
 
-        self.patch_embed = self._make_patch_embed(img_size, patch_size, in_chans, embed_dim, dynamic_img_pad)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
-        self.reg_token = nn.Parameter(torch.zeros(1, reg_tokens, embed_dim)) if reg_tokens else None
+        self.patch_embed = self._make_patch_embed(img_size, patch_size, in_chans, embed_dim, dynamic_img_pad, dd)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim, **dd)) if class_token else None
+        self.reg_token = nn.Parameter(torch.zeros(1, reg_tokens, embed_dim, **dd)) if reg_tokens else None
         grid = self.patch_embed.grid_size
         # APE covers the patch grid only (no embedding for prefix tokens), as DeiT-III, so it resamples cleanly
-        self.pos_embed = nn.Parameter(torch.randn(1, math.prod(grid), embed_dim) * 0.02) if "ape" in pos_embed else None
+        ape = "ape" in pos_embed
+        self.pos_embed = nn.Parameter(torch.randn(1, math.prod(grid), embed_dim, **dd) * 0.02) if ape else None
         self.patch_drop = PatchDropoutWithIndices(patch_drop_rate, self.num_prefix_tokens)
         self.pos_drop = nn.Dropout(pos_drop_rate)
 
         targets = parse_rope_targets(rope_targets)
         family = family_of(pos_embed)
-        self.rope: PositionEncoding | None = None
+        rope_args = dict(theta=rope_theta, layout=rope_layout, axis_dims=rope_axis_dims, rotate_fraction=rope_fraction)
+        rope_args |= dict(coords=rope_coords, scaling=rope_scaling, scale=rope_scale, shift=rope_shift)
+        rope_args |= dict(jitter=rope_jitter, rescale=rope_rescale, **(rope_options or {}))
+        self.position_encoding: PositionEncoding | None = None
         if family is not None:
-            options = dict(
-                theta=rope_theta,
-                layout=rope_layout,
-                axis_dims=rope_axis_dims,
-                rotate_fraction=rope_fraction,
-                **(rope_options or {}),
-            )
-            self.rope = self._make_position_encoding(
-                family,
-                embed_dim // num_heads,
-                len(grid),
-                num_heads=num_heads,
-                depth=depth,
-                num_prefix_tokens=self.num_prefix_tokens,
-                coords=rope_coords,
-                scaling=rope_scaling,
-                scale=rope_scale,
-                ref_grid=grid,
-                shift=rope_shift,
-                jitter=rope_jitter,
-                rescale=rope_rescale,
-                **options,
-            )
+            with torch.device(device) if device is not None else nullcontext():  # a family makes its own parameters
+                self.position_encoding = self._make_position_encoding(family, num_heads, depth, grid, **rope_args)
+            if dtype is not None:
+                self.position_encoding.to(dtype)
         elif targets not in ("qk", ""):
             raise ValueError(f"rope_targets={rope_targets!r} needs a RoPE pos_embed, not {pos_embed!r}")
-        if self.rope is not None and not self.rope.family.rotary and targets != "qk":
+        if family is not None and not FAMILIES[family].rotary and targets != "qk":
             raise ValueError(f"rope_targets={rope_targets!r}: {pos_embed!r} is an attention bias and turns nothing")
-        self.rope_vo = self.rope is not None and any(c in targets for c in "vo")  # VO-RoPE needs pure rotations
+        self.rope_vo = family is not None and any(c in targets for c in "vo")  # VO-RoPE needs pure rotations
 
-        dpr = torch.linspace(0, drop_path_rate, depth).tolist()
+        dpr = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]  # stochastic depth, rising linearly
+        block_targets = rope_targets if family is not None else "none"
         self.blocks = nn.ModuleList(
             Block(
                 embed_dim,
@@ -241,20 +240,21 @@ class VisionTransformer(nn.Module):
                 proj_drop_rate,
                 attn_drop_rate,
                 dpr[i],
-                rope_targets if self.rope is not None else "none",
+                block_targets,
+                **dd,
             )
             for i in range(depth)
         )
         self.feature_info = [
             dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=self._reduction()) for i in range(depth)
         ]
-        self.norm = nn.LayerNorm(embed_dim, eps=1e-6)
+        self.norm = nn.LayerNorm(embed_dim, eps=1e-6, **dd)
         self.head_drop = nn.Dropout(drop_rate)
-        self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.head = nn.Linear(embed_dim, num_classes, **dd) if num_classes > 0 else nn.Identity()
         self.init_weights(weight_init)
 
     # ------------------------------------------------------------------------------------------- building
-    def _make_patch_embed(self, img_size, patch_size, in_chans, embed_dim, dynamic_img_pad) -> nn.Module:
+    def _make_patch_embed(self, img_size, patch_size, in_chans, embed_dim, dynamic_img_pad, dd) -> nn.Module:
         return PatchEmbed(
             img_size=img_size,
             patch_size=patch_size,
@@ -263,22 +263,29 @@ class VisionTransformer(nn.Module):
             strict_img_size=False,
             output_fmt="NHWC",
             dynamic_img_pad=dynamic_img_pad,
+            **dd,
         )
 
-    def _make_position_encoding(self, family: str, head_dim: int, axes: int, **kwargs) -> PositionEncoding:
+    def _make_position_encoding(self, family: str, num_heads: int, depth: int, grid, **kwargs) -> PositionEncoding:
+        head_dim = self.embed_dim // num_heads
         try:
-            return PositionEncoding(head_dim, axes, family, **kwargs)
+            return PositionEncoding(
+                head_dim,
+                len(grid),
+                family,
+                num_heads=num_heads,
+                depth=depth,
+                num_prefix_tokens=self.num_prefix_tokens,
+                ref_grid=grid,
+                **kwargs,
+            )
         except ValueError as e:
             # the layer names its arguments without the model's "rope_" prefix: say so, and where the head dim is what
             # does not fit, where that comes from
             about_dim = re.search(r"\b(dim|axis_dims|block_size|directions)=", str(e)) is not None
-            hint = (
-                f"; head_dim={head_dim} is embed_dim {self.embed_dim} / {kwargs['num_heads']} heads"
-                if about_dim
-                else ""
-            )
+            hint = f"; head_dim={head_dim} is embed_dim {self.embed_dim} / {num_heads} heads" if about_dim else ""
             raise ValueError(
-                f"{family} position encoding over {axes} axes: {e} (the model's rope_<name> or rope_options sets "
+                f"{family} position encoding over {len(grid)} axes: {e} (the model's rope_<name> or rope_options sets "
                 f"<name>){hint}"
             ) from e
 
@@ -297,14 +304,13 @@ class VisionTransformer(nn.Module):
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
         """Tokens, the absolute embedding and every learned position parameter (as the papers train them)."""
-        return {"cls_token", "reg_token", "pos_embed"} | {
-            n for n, _ in self.named_parameters() if n.startswith("rope.")
-        }
+        learned = {n for n, _ in self.named_parameters() if n.startswith("position_encoding.")}
+        return {"cls_token", "reg_token", "pos_embed"} | learned
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
         return dict(
-            stem=r"^cls_token|^reg_token|^pos_embed|^patch_embed|^rope",
+            stem=r"^cls_token|^reg_token|^pos_embed|^patch_embed|^position_encoding",
             blocks=[(r"^blocks\.(\d+)", None), (r"^norm", (99999,))],
         )
 
@@ -321,7 +327,9 @@ class VisionTransformer(nn.Module):
         if global_pool is not None:
             check_global_pool(global_pool, self.cls_token is not None)
             self.global_pool = global_pool
-        self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        like = self.patch_embed.proj.weight  # a new head where the model's weights are, in their dtype
+        dd = dict(device=like.device, dtype=like.dtype)
+        self.head = nn.Linear(self.embed_dim, num_classes, **dd) if num_classes > 0 else nn.Identity()
 
     def set_input_size(self, img_size=None, patch_size=None) -> None:
         """Change the nominal input size (and patch size): APE and the position encoding's reference grid follow."""
@@ -330,9 +338,10 @@ class VisionTransformer(nn.Module):
         grid = self.patch_embed.grid_size
         if self.pos_embed is not None and tuple(grid) != tuple(prev_grid):
             # the same resampling as a forward pass at that size, so that outputs there do not change
-            self.pos_embed = nn.Parameter(resample_grid_embed(self.pos_embed.detach(), grid, prev_grid))
-        if self.rope is not None:
-            self.rope.set_ref_grid(grid)
+            resampled = resample_grid_embed(self.pos_embed.detach(), grid, prev_grid)
+            self.pos_embed = nn.Parameter(resampled, requires_grad=self.pos_embed.requires_grad)
+        if self.position_encoding is not None:
+            self.position_encoding.set_ref_grid(grid)
         for info in self.feature_info:
             info["reduction"] = self._reduction()
 
@@ -340,9 +349,9 @@ class VisionTransformer(nn.Module):
     def rope_scaling_modes(self) -> tuple[str, ...]:
         """The extrapolation modes this model's position encoding takes (none without one); VO-RoPE skips YaRN,
         whose temperature is for q·k."""
-        if self.rope is None:
+        if self.position_encoding is None:
             return ()
-        return tuple(m for m in self.rope.scaling_modes if not (self.rope_vo and m == "yarn"))
+        return tuple(m for m in self.position_encoding.scaling_modes if not (self.rope_vo and m == "yarn"))
 
     def set_rope_scaling(self, mode: str) -> None:
         """Evaluate at other resolutions under extrapolation mode ``mode`` (one of :meth:`rope_scaling_modes`)."""
@@ -351,16 +360,16 @@ class VisionTransformer(nn.Module):
                 f"rope_scaling={mode!r}: this model ({self.pos_embed_type}) takes "
                 f"{self.rope_scaling_modes() or 'none: it has no relative position encoding'}"
             )
-        self.rope.set_scaling(mode)
+        self.position_encoding.set_scaling(mode)
 
     # -------------------------------------------------------------------------------------------- forward
     def _check_input(self, x: Tensor) -> None:
         pe = self.patch_embed
         check_image_input(x, self.in_chans, pe.patch_size, pe.dynamic_img_pad, pe.proj.weight.dtype)
 
-    def embed(self, x: Tensor) -> tuple[Tensor, Encoding | None, tuple[int, ...]]:
+    def embed(self, x: Tensor) -> tuple[Tensor, Table | None, tuple[int, ...]]:
         """Patchify, add absolute embeddings, prepend prefix tokens, drop tokens (training, ``patch_drop_rate``);
-        also return the encoding of the tokens kept, and the grid."""
+        also return the position-encoding table of the tokens kept, and the grid."""
         self._check_input(x)
         x, grid = absolute_positions(
             self.patch_embed(x), self.pos_embed, self.pos_embed_type == "sincos", tuple(self.patch_embed.grid_size)
@@ -369,22 +378,25 @@ class VisionTransformer(nn.Module):
         if prefix:
             x = torch.cat([*prefix, x], dim=1)
         x, keep = self.patch_drop(x)  # keep: (B, K) patch indices, None when nothing is dropped
-        return self.pos_drop(x), encode_positions(self.rope, grid, keep, x, self.rope_vo), grid
+        table = None
+        if self.position_encoding is not None:
+            table = position_table(self.position_encoding, grid, keep, x, self.rope_vo)
+        return self.pos_drop(x), table, grid
 
-    def _run_block(self, i: int, x: Tensor, pos: Encoding | None) -> Tensor:
-        pos = pos.layer(i) if pos is not None else None
+    def _run_block(self, i: int, x: Tensor, table: Table | None) -> Tensor:
+        table = table.layer(i) if table is not None else None
         if not self.grad_checkpointing or torch.jit.is_scripting():
-            return self.blocks[i](x, pos)
-        if not isinstance(pos, Encoding):  # no encoding, or a torch.fx proxy
-            return checkpoint(self.blocks[i], x, pos)
-        # the encoding's tensors go in as arguments: a reentrant checkpoint detaches tensor arguments and hands their
+            return self.blocks[i](x, table)
+        if not isinstance(table, Table):  # no table, or a torch.fx proxy
+            return checkpoint(self.blocks[i], x, table)
+        # the table's tensors go in as arguments: a reentrant checkpoint detaches tensor arguments and hands their
         # gradients back once a block, where it would otherwise run backward through a learned table's graph each time
-        return checkpoint(_block_with_tensors, self.blocks[i], x, pos, *pos.tensors())
+        return checkpoint(_block_with_tensors, self.blocks[i], x, table, *table.tensors())
 
     def forward_features(self, x: Tensor) -> Tensor:
-        x, pos, _ = self.embed(x)
+        x, table, _ = self.embed(x)
         for i in range(len(self.blocks)):
-            x = self._run_block(i, x, pos)
+            x = self._run_block(i, x, table)
         return self.norm(x)
 
     def pool(self, x: Tensor, pool_type: str | None = None) -> Tensor:
@@ -419,11 +431,11 @@ class VisionTransformer(nn.Module):
         if output_fmt not in ("NCHW", "NLC"):
             raise ValueError(f"output_fmt={output_fmt!r}: choose 'NCHW' or 'NLC'")
         take_indices, max_index = feature_take_indices(len(self.blocks), indices)
-        x, pos, grid = self.embed(x)
+        x, table, grid = self.embed(x)
         last = max_index if stop_early else len(self.blocks) - 1
         intermediates = []
         for i in range(last + 1):
-            x = self._run_block(i, x, pos)
+            x = self._run_block(i, x, table)
             if i in take_indices:
                 intermediates.append(self.norm(x) if norm else x)
         prefix = [y[:, : self.num_prefix_tokens] for y in intermediates]
@@ -441,8 +453,8 @@ class VisionTransformer(nn.Module):
     ) -> list[int]:
         take_indices, max_index = feature_take_indices(len(self.blocks), indices)
         self.blocks = self.blocks[: max_index + 1]
-        if self.rope is not None:
-            self.rope.family.prune_layers(max_index + 1)
+        if self.position_encoding is not None:
+            self.position_encoding.family.prune_layers(max_index + 1)
         if prune_norm:
             self.norm = nn.Identity()
         if prune_head:
@@ -482,11 +494,11 @@ PUBLISHED = {
     "rope_mixed": ("naver_in1k", "vit_{size}_patch16_rope_mixed_224"),
     "ape": ("fb_in1k", "deit3_{size}_patch16_224"),
 }
-MODELS = {"ape": "ape", **{f.model_name: f.name for f in FAMILIES.values() if f.model_name}}  # model name → kind
+default_cfgs: dict[str, Any] = {}  # timm's register_model reads each model's pretrained configs here
 
 
 def _create(variant: str, pretrained: bool, size: str, kind: str, **kwargs) -> VisionTransformer:
-    args = dict(patch_size=16, pos_embed=kind, **SIZES[size])
+    args = dict(patch_size=16, pos_embed=kind, **SIZES[size])  # the caller's kwargs (another pos_embed too) win
     return build_model_with_cfg(
         VisionTransformer,
         variant,
@@ -497,28 +509,39 @@ def _create(variant: str, pretrained: bool, size: str, kind: str, **kwargs) -> V
     )
 
 
-def _register(model: str, size: str) -> None:
-    """Register ``vit_<model>_<size>`` in timm (a function per name, as timm's registry wants)."""
-    variant = f"vit_{model}_{size}"
+def _entrypoint(variant: str, size: str, pos_embed: str, what: str):
+    """timm's entrypoint function of one model: a function per name, as its registry wants."""
 
     def create(pretrained: bool = False, **kwargs) -> VisionTransformer:
-        return _create(variant, pretrained, size, model, **kwargs)
+        return _create(variant, pretrained, size, pos_embed, **kwargs)
 
-    kind = MODELS[model]
-    what = "learned absolute embedding" if kind == "ape" else FAMILIES[kind].__doc__.splitlines()[0].rstrip(".")
     create.__name__ = create.__qualname__ = variant
     create.__doc__ = f"ViT-{size} /16 on the DeiT-III trunk, {what}."
-    register_model(create)
+    return create
 
 
-_VARIANTS = [(m, s) for m in MODELS for s in SIZES if s != "large" or m in PUBLISHED]
-default_cfgs = generate_default_cfgs(
-    {
-        (f"vit_{m}_{s}.{PUBLISHED[m][0]}" if m in PUBLISHED and s != "tiny" else f"vit_{m}_{s}"): _cfg(
-            f"timm/{PUBLISHED[m][1].format(size=s)}.{PUBLISHED[m][0]}" if m in PUBLISHED and s != "tiny" else None
-        )
-        for m, s in _VARIANTS
-    }
-)
-for _model, _size in _VARIANTS:
-    _register(_model, _size)
+def register_models(pos_embed: str, what: str) -> list[str]:
+    """Register ``vit_<pos_embed>_<size>`` in timm for every size (large only where weights are published), with the
+    pretrained config of published weights where there are some. Returns the names."""
+    names = []
+    for size in SIZES:
+        if size == "large" and pos_embed not in PUBLISHED:
+            continue
+        variant = f"vit_{pos_embed}_{size}"
+        weights = PUBLISHED.get(pos_embed) if size != "tiny" else None
+        hub = f"timm/{weights[1].format(size=size)}.{weights[0]}" if weights else None
+        default_cfgs.update(generate_default_cfgs({f"{variant}.{weights[0]}" if weights else variant: _cfg(hub)}))
+        register_model(_entrypoint(variant, size, pos_embed, what))
+        names.append(variant)
+    return names
+
+
+def register_family_models(family: type[Family]) -> None:
+    """timm's ``vit_<model_name>_*`` of a family with a ``model_name`` (called for every family, now and whenever one is
+    registered later)."""
+    if family.model_name:
+        register_models(family.model_name, (family.__doc__ or family.name).splitlines()[0].rstrip("."))
+
+
+register_models("ape", "learned absolute embedding")
+on_register(register_family_models)

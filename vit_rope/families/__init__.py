@@ -1,25 +1,39 @@
 """The registry of position-encoding families: a name → a :class:`Family` class.
 
-A new family is one file in this folder: a ``Family`` subclass decorated with ``@register_family``, and one line
-below that imports it. Everything else (the models' ``pos_embed`` values, timm's ``vit_<model_name>_*`` models,
-train.py's extrapolation modes) asks the registry and the family's declarations.
+A new family is one file in this folder (or in your own code): a ``Family`` subclass decorated with
+``@register_family``; the built-in ones are imported at the end of this file. Everything else (the models'
+``pos_embed`` values, timm's ``vit_<model_name>_*`` models, train.py's extrapolation modes) asks the registry and the
+family's declarations when it needs them, so a family registered later is as much one as a built-in.
 """
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 
 from .base import Extrapolation, Family
 
-__all__ = ["FAMILIES", "Extrapolation", "Family", "create_family", "register_family"]
+__all__ = ["FAMILIES", "Extrapolation", "Family", "create_family", "on_register", "register_family"]
 
 FAMILIES: dict[str, type[Family]] = {}
+_LISTENERS: list[Callable[[type[Family]], None]] = []
 
 
 def register_family(cls: type[Family]) -> type[Family]:
-    """Class decorator: make ``cls`` available under ``cls.name``."""
+    """Class decorator: make ``cls`` available under ``cls.name`` (its models too, once vit_rope.vit is imported)."""
+    if not (isinstance(cls, type) and issubclass(cls, Family)) or not isinstance(getattr(cls, "name", None), str):
+        raise TypeError(f"register_family takes a Family subclass with a string `name`, got {cls!r}")
     FAMILIES[cls.name] = cls
+    for listener in _LISTENERS:
+        listener(cls)
     return cls
+
+
+def on_register(listener: Callable[[type[Family]], None]) -> None:
+    """Call ``listener(cls)`` for every family registered, now and later (vit.py registers each family's models)."""
+    _LISTENERS.append(listener)
+    for cls in list(FAMILIES.values()):
+        listener(cls)
 
 
 def create_family(name: str, dim: int, axes: int, **kwargs) -> Family:

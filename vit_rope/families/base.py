@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from ..coords import COORDINATE_MODES
-from ..tables import Encoding, RotaryTable
+from ..tables import RotaryTable, Table
 
 __all__ = [
     "Extrapolation",
@@ -34,9 +34,11 @@ class Extrapolation:
 
 
 class Family(nn.Module):
-    """Turns token coordinates ``([B,] N, axes)`` into what attention applies: a rotation per head (a
-    :class:`~vit_rope.tables.RotaryTable` or :class:`~vit_rope.tables.BlockTable`) or a bias on its logits (an
-    :class:`~vit_rope.tables.AttentionBias`), for prefix-free tokens; the caller adds prefix rows and caches.
+    """Encodes token coordinates ``([B,] N, axes)`` as what attention applies (:meth:`encode`): a rotation per head (a
+    :class:`~vit_rope.tables.RotaryTable`) or a bias on its logits (an :class:`~vit_rope.tables.AttentionBias`), for
+    prefix-free tokens; the caller (:class:`~vit_rope.position_encoding.PositionEncoding`) adds prefix rows and caches.
+    A family defines ``encode`` rather than ``forward``: TorchScript compiles every submodule's ``forward``, and
+    families are Python that a scripted model calls back into (``torch.jit.ignore``).
 
     A subclass sets ``name`` (its registry key), ``scaling_modes`` (the extrapolation modes it supports: every family
     has the coordinate modes; NTK and YaRN need a fixed frequency ladder), ``rotary`` (False for a bias), and optionally
@@ -67,7 +69,9 @@ class Family(nn.Module):
         self.ref_grid = None if ref_grid is None else tuple(ref_grid)
         self.per_layer = False
 
-    def forward(self, coords: Tensor, extrapolation: Extrapolation) -> Encoding:
+    def encode(self, coords: Tensor, extrapolation: Extrapolation) -> Table:
+        """The table of tokens at ``coords ([B,] N, axes)`` under ``extrapolation``; per-sample coordinates (B, N, axes)
+        give tables with a head dim, ``(B, heads | 1, N, ...)``, so that they broadcast over attention's heads."""
         raise NotImplementedError
 
     def learned_shape(self, per_layer: bool, per_head: bool = True) -> tuple[int, ...]:
@@ -121,15 +125,15 @@ class PairFamily(Family):
         self.axis_dims = check_axis_dims(dim, axes, axis_dims, rotate_fraction)
 
     def frequency_matrix(self, extrapolation: Extrapolation | None = None) -> Tensor:
-        """A fixed family's ``(axes, dim // 2)`` frequency matrix (learned families override ``forward`` instead)."""
+        """A fixed family's ``(axes, dim // 2)`` frequency matrix (learned families override ``encode`` instead)."""
         raise NotImplementedError
 
-    def forward(self, coords: Tensor, extrapolation: Extrapolation) -> RotaryTable:
+    def encode(self, coords: Tensor, extrapolation: Extrapolation) -> RotaryTable:
         """Each pair turns by ``coords · F[:, pair]`` under the frequency matrix F of this extrapolation."""
         angles = coords @ self.frequency_matrix(extrapolation).to(coords)  # (..., N, P)
         if coords.ndim == 3:  # per-sample positions (B, N, axes): a head dim to broadcast over
             angles = angles.unsqueeze(1)
-        return RotaryTable(angles.cos(), angles.sin(), self.layout)
+        return RotaryTable(angles.cos(), angles.sin(), layout=self.layout)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, axis_dims={self.axis_dims}, theta={self.theta}, layout={self.layout}"

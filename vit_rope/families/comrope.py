@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..tables import BlockTable
+from ..tables import RotaryTable
 from . import register_family
 from .base import Extrapolation, Family, at_least_float32, head_angles
 
@@ -50,11 +50,11 @@ class _ComRoPE(Family):
         """The scalar ``t_j`` of every token and block: ``([B,] [layer,] heads | 1.., N, blocks)``."""
         raise NotImplementedError
 
-    def forward(self, coords: Tensor, extrapolation: Extrapolation) -> BlockTable:
+    def encode(self, coords: Tensor, extrapolation: Extrapolation) -> RotaryTable:
         P = at_least_float32(self.generators)
         t = self.turns(coords.to(P.dtype))  # ([B,] [layer,] heads | 1, N, blocks)
         blocks = torch.linalg.matrix_exp(t[..., None, None] * (P - P.mT).unsqueeze(-4))  # (..., N, blocks, b, b)
-        return BlockTable(blocks, per_layer=self.per_layer)
+        return RotaryTable(blocks=blocks, per_layer=self.per_layer)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, block_size={self.block_size}"

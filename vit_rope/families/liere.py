@@ -16,7 +16,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ..tables import BlockTable
+from ..tables import RotaryTable
 from . import register_family
 from .base import Extrapolation, Family, at_least_float32, head_angles
 
@@ -44,11 +44,11 @@ class LieRE(Family):
         raw = torch.rand(*lead, axes, self.num_blocks, block_size, block_size) * 2 * math.pi / max(side - 1, 1)
         self.generators = nn.Parameter(raw)
 
-    def forward(self, coords: Tensor, extrapolation: Extrapolation) -> BlockTable:
+    def encode(self, coords: Tensor, extrapolation: Extrapolation) -> RotaryTable:
         U = at_least_float32(self.generators).triu(1)
         A = (U - U.mT).flatten(-3)  # ([layer,] heads | 1, axes, blocks · b · b)
         M = head_angles(coords.to(A.dtype), A).unflatten(-1, U.shape[-3:])  # Σ_a p_a A_a: (..., N, blocks, b, b)
-        return BlockTable(torch.linalg.matrix_exp(M), per_layer=self.per_layer)
+        return RotaryTable(blocks=torch.linalg.matrix_exp(M), per_layer=self.per_layer)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, block_size={self.block_size}"

@@ -69,7 +69,7 @@ class LookHere(Family):
         layers = self.depth or 1
         self.layer_slopes = [1.5 - i / max(layers - 1, 1) for i in range(layers)] if self.per_layer else [1.0]
 
-    def forward(self, coords: Tensor, extrapolation: Extrapolation) -> AttentionBias:
+    def encode(self, coords: Tensor, extrapolation: Extrapolation) -> AttentionBias:
         xy = torch.stack((coords[..., 1], -coords[..., 0]), dim=-1)  # (row, col) → (x right, y up)
         offsets = xy.unsqueeze(-3) - xy.unsqueeze(-2)  # key minus query: (..., N_query, N_key, 2)
         distance = offsets.norm(dim=-1)

@@ -64,8 +64,8 @@ class Mixed(PairFamily):
         depth = self.depth if len(self.learned_shape(per_layer)) == 2 else None
         self.frequencies = nn.Parameter(mixed_frequency_init(self.axis_dims, self.num_heads, self.theta, depth))
 
-    def forward(self, coords: Tensor, extrapolation: Extrapolation) -> RotaryTable:
+    def encode(self, coords: Tensor, extrapolation: Extrapolation) -> RotaryTable:
         frequencies = at_least_float32(self.frequencies)  # unrotated pairs: frequency 0
         F = nn.functional.pad(frequencies, (0, self.dim // 2 - frequencies.shape[-1]))
         angles = head_angles(coords.to(F.dtype), F)  # ([B,] [layer,] heads, N, P); unrotated pairs have frequency 0
-        return RotaryTable(angles.cos(), angles.sin(), self.layout, per_layer=self.per_layer)
+        return RotaryTable(angles.cos(), angles.sin(), layout=self.layout, per_layer=self.per_layer)

@@ -52,8 +52,8 @@ class CayleyString(PairFamily):
         A = at_least_float32(self.skew)
         return cayley(A - A.mT)
 
-    def forward(self, coords: Tensor, extrapolation: Extrapolation) -> RotaryTable:
+    def encode(self, coords: Tensor, extrapolation: Extrapolation) -> RotaryTable:
         f = at_least_float32(self.frequencies)
         F = f.unsqueeze(-2) * self.axis_of_pair.to(f)  # ([layer,] heads, axes, dim // 2)
         angles = head_angles(coords.to(f.dtype), F)  # ([B,] [layer,] heads, N, dim // 2)
-        return RotaryTable(angles.cos(), angles.sin(), self.layout, basis=self.basis(), per_layer=self.per_layer)
+        return RotaryTable(angles.cos(), angles.sin(), layout=self.layout, basis=self.basis(), per_layer=self.per_layer)

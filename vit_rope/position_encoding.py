@@ -2,9 +2,8 @@
 
 :class:`PositionEncoding` is the pipeline every family shares: the tokens' coordinates (from a grid, row-major, or
 given per token), the coordinate-level extrapolation modes and augmentation (:mod:`vit_rope.coords`), the family
-(:mod:`vit_rope.families`: axial, mixed, spiral, string, comrope_ap, comrope_ld, liere RoPE, and the LookHere bias),
-identity rows for prefix tokens (cls, registers), and a cache of tables per grid. :class:`RotaryEmbedding` is the
-same for the rotary families, with ``freqs=NAME`` naming the family.
+(:mod:`vit_rope.families`, by its registry name), identity rows for prefix tokens (cls, registers), and a cache of
+tables per grid. :class:`RotaryEmbedding` is the same for the rotary families, with ``freqs=NAME`` naming the family.
 
 Fixed tables are computed in float64 and kept in float32 (float64 for float64 inputs), also under autocast; learned
 ones in float32 at least. Tables are never stored in checkpoints, so a model loads at any resolution.
@@ -19,12 +18,11 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from .apply import tracing
 from .coords import augment, grid_coordinates, scale_factors, scaled_coordinates
 from .families import FAMILIES, Extrapolation, create_family
-from .tables import Encoding, RotaryTable, apply_rotary
+from .tables import Table, apply_rotary, tracing
 
-__all__ = ["SCALING_MODES", "PositionEncoding", "RotaryEmbedding", "RotaryTable", "apply_rotary"]
+__all__ = ["SCALING_MODES", "PositionEncoding", "RotaryEmbedding"]
 
 SCALING_MODES: tuple[str, ...] = ("none", "pi", "ntk", "yarn", "normalized")  # every mode some family supports
 _CACHE_SIZE = 16
@@ -97,7 +95,7 @@ class PositionEncoding(nn.Module):
         self.shift, self.jitter, self.rescale = shift, jitter, rescale
         options = {k: v for k, v in options.items() if v is not None}
         self.family = create_family(family, dim, axes, num_heads=num_heads, depth=depth, ref_grid=ref_grid, **options)
-        self._cache: OrderedDict[tuple, tuple[tuple, Encoding]] = OrderedDict()  # key -> (parameter versions, table)
+        self._cache: OrderedDict[tuple, tuple[tuple, Table]] = OrderedDict()  # key -> (parameter versions, table)
         self.set_scaling(scaling, scale)
 
     # ------------------------------------------------------------------------------------------------ config
@@ -177,7 +175,7 @@ class PositionEncoding(nn.Module):
         keep: Tensor | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype = torch.float32,
-    ) -> Encoding:
+    ) -> Table:
         """The encoding of a grid (row-major tokens) or of explicit ``positions`` ``([B,] N, axes)``, prefix tokens
         first; ``keep (B, K)`` picks each sample's grid tokens that token dropping kept (they keep their positions).
         ``dtype`` float64 keeps float64 precision; anything else gives float32."""
@@ -233,17 +231,18 @@ class PositionEncoding(nn.Module):
         self.clear_cache()
         super()._load_from_state_dict(*args, **kwargs)
 
-    def _build(self, grid, positions, keep, device, dtype) -> Encoding:
+    def _build(self, grid, positions, keep, device, dtype) -> Table:
         calc = torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
         ext = self.extrapolation(grid)
         with torch.autocast(device.type, enabled=False):
-            table = self.family(self.coordinates(grid, positions, device, calc, keep), ext)
+            table = self.family.encode(self.coordinates(grid, positions, device, calc, keep), ext)
             if self.num_prefix_tokens:
                 table = table.with_prefix(self.num_prefix_tokens)
             temperature = self.family.temperature(ext)
             if temperature is not None:  # after the prefix rows: it scales every q·k logit, the cls token's too
                 table = table.with_temperature(temperature)
-        return table.to(dtype) if table.tensors()[0].dtype != dtype else table
+        built = next(t for t in table.tensors() if t is not None).dtype
+        return table.to(dtype) if built != dtype else table
 
     def has_temperature(self, grid: Sequence[int] | None = None) -> bool:
         """Whether tables for ``grid`` scale as they turn (YaRN's attention temperature): they then suit q and k (the
@@ -251,6 +250,7 @@ class PositionEncoding(nn.Module):
         return self.family.temperature(self.extrapolation(grid)) is not None
 
     # ---------------------------------------------------------------------------------------------- forward
+    @torch.jit.ignore  # the layer's own API, Python (a scripted model asks table() through its own callback)
     def forward(
         self,
         x: Tensor,
@@ -288,8 +288,7 @@ class PositionEncoding(nn.Module):
 
 
 class RotaryEmbedding(PositionEncoding):
-    """n-dimensional rotary position embedding of any rotary family (``freqs``: ``"axial"``, ``"mixed"``,
-    ``"spiral"``, ``"string"``, ``"comrope_ap"``, ``"comrope_ld"``, ``"liere"``).
+    """n-dimensional rotary position embedding of any rotary family (``freqs``: its name in ``vit_rope.FAMILIES``).
 
     Axial RoPE's ``theta`` defaults to 100 (best for ViTs in Heo et al.), RoPE-Mixed's to 10 (their init); 10000 is
     the language-model value. ``layout="interleaved"`` pairs channels (2i, 2i+1), ``"half"`` pairs i with i + dim/2.
