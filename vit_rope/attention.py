@@ -27,15 +27,15 @@ def parse_rope_targets(targets: str) -> str:
     return "".join(c for c in "qkvo" if c in letters)
 
 
-def fold_basis(linear: nn.Linear, basis: Tensor, num_heads: int) -> tuple[Tensor, Tensor | None]:
-    """The qkv projection's weight and bias with q's and k's rows turned by a basis ``(heads | 1, dim, dim)``:
+def fold_basis(weight: Tensor, bias: Tensor | None, basis: Tensor, num_heads: int) -> tuple[Tensor, Tensor | None]:
+    """A qkv projection's weight and bias with q's and k's rows turned by a basis ``(heads | 1, dim, dim)``:
     ``P W_q``, ``P W_k`` (Cayley-STRING's change of basis folded into the projection)."""
-    w = linear.weight.unflatten(0, (3, num_heads, -1))  # (3, heads, dim, C)
-    weight = torch.cat((basis.to(w.dtype) @ w[:2], w[2:])).flatten(0, 2)
-    if linear.bias is None:
-        return weight, None
-    b = linear.bias.unflatten(0, (3, num_heads, -1)).unsqueeze(-1)  # (3, heads, dim, 1)
-    return weight, torch.cat((basis.to(b.dtype) @ b[:2], b[2:])).flatten()
+    w = weight.unflatten(0, (3, num_heads, -1))  # (3, heads, dim, C)
+    folded = torch.cat((basis.to(w.dtype) @ w[:2], w[2:])).flatten(0, 2)
+    if bias is None:
+        return folded, None
+    b = bias.unflatten(0, (3, num_heads, -1)).unsqueeze(-1)  # (3, heads, dim, 1)
+    return folded, torch.cat((basis.to(b.dtype) @ b[:2], b[2:])).flatten()
 
 
 @register_notrace_function  # a leaf for torch.fx: what it does depends on the kind of table
@@ -92,17 +92,11 @@ class Attention(nn.Module):
 
     def forward(self, x: Tensor, table: Table | None = None) -> Tensor:
         B, N, C = x.shape
-        if isinstance(table, RotaryTable):
-            basis = table.basis
-            if basis is not None and self.rope_targets == "qk":
-                # <Pᵀ R P q, Pᵀ R P k> = <R P q, R P k>: the basis folds into the q and k projections, exactly
-                weight, bias = fold_basis(self.qkv, basis, self.num_heads)
-                qkv = F.linear(x, weight, bias)
-                table = table.without_basis()
-            else:
-                qkv = self.qkv(x)
-            if not self.rope_targets:
-                table = None  # rope_targets="none": a rotation turns nothing
+        basis = table.basis if isinstance(table, RotaryTable) else None
+        if isinstance(table, RotaryTable) and basis is not None and self.rope_targets == "qk":
+            # <Pᵀ R P q, Pᵀ R P k> = <R P q, R P k>: the basis folds into the q and k projections, exactly
+            qkv = F.linear(x, *fold_basis(self.qkv.weight, self.qkv.bias, basis, self.num_heads))
+            table = table.without_basis()
         else:
             qkv = self.qkv(x)  # (B, N, 3 * C)
         x = attend(qkv, table, self.num_heads, self.rope_targets, self.attn_drop if self.training else 0.0)

@@ -1,9 +1,7 @@
 """Checks at the models' boundary: input they cannot take and arguments out of range, each one clear error that
 says what is wrong and how to fix it (rather than a failure deep inside a convolution or attention)."""
 
-from __future__ import annotations
-
-from collections.abc import Sequence
+from typing import Any
 
 import torch
 from timm.layers._fx import register_notrace_function
@@ -12,13 +10,14 @@ from torch import Tensor
 __all__ = ["check_batch", "check_global_pool", "check_image_input", "check_rates", "check_sizes"]
 
 
-@register_notrace_function
-def check_image_input(x: Tensor, in_chans: int, patch_size: Sequence[int], pad: bool, dtype: torch.dtype) -> None:
+@register_notrace_function  # torch.fx: a leaf
+@torch.jit.ignore  # TorchScript: Python, as every check of shapes
+def check_image_input(x: Tensor, in_chans: int, patch_size: Any, pad: bool, weight: Tensor) -> None:
     """One clear error for input an image model cannot take."""
     if x.ndim != 4:
         hint = " (a video clip? use a vit_rope3d_* model)" if x.ndim == 5 else ""
         raise ValueError(f"image models take (B, C, H, W) input, got shape {tuple(x.shape)}{hint}")
-    check_batch(x, dtype)
+    check_batch(x, weight.dtype)
     if x.shape[1] != in_chans:
         raise ValueError(
             f"input has {x.shape[1]} channels but the model was built with in_chans={in_chans}; "

@@ -9,8 +9,7 @@ Fixed tables are computed in float64 and kept in float32 (float64 for float64 in
 ones in float32 at least. Tables are never stored in checkpoints, so a model loads at any resolution.
 """
 
-from __future__ import annotations
-
+import itertools
 import math
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -20,12 +19,19 @@ from torch import Tensor, nn
 
 from .coords import augment, grid_coordinates, scale_factors, scaled_coordinates
 from .families import FAMILIES, Extrapolation, create_family
-from .tables import Table, apply_rotary, tracing
+from .tables import Table, apply_rotary, outside_autocast, tracing
 
-__all__ = ["SCALING_MODES", "PositionEncoding", "RotaryEmbedding"]
+__all__ = ["SCALING_MODES", "PositionEncoding", "RotaryEmbedding", "unscripted"]
 
 SCALING_MODES: tuple[str, ...] = ("none", "pi", "ntk", "yarn", "normalized")  # every mode some family supports
 _CACHE_SIZE = 16
+
+# TorchScript compiles a model's trunk but not its families (any Python): the scripted model hands its encoding's
+# scripted copy to Python (torch.jit.ignore), and unscripted() finds the module it was made from here, where
+# __prepare_scriptable__ (TorchScript's hook, called on every module about to be scripted) puts it: a scripted module
+# keeps no Python object. Only scripted encodings are kept (as long as the process runs).
+_SCRIPTED: dict[int, "PositionEncoding"] = {}
+_KEYS = itertools.count()
 
 
 def _as_tuple(value: float | Sequence[float], n: int, name: str) -> tuple[float, ...]:
@@ -97,6 +103,13 @@ class PositionEncoding(nn.Module):
         self.family = create_family(family, dim, axes, num_heads=num_heads, depth=depth, ref_grid=ref_grid, **options)
         self._cache: OrderedDict[tuple, tuple[tuple, Table]] = OrderedDict()  # key -> (parameter versions, table)
         self.set_scaling(scaling, scale)
+
+    __jit_unused_properties__ = ["scaling_modes", "augment"]  # Python: a scripted model asks them through unscripted()
+
+    def __prepare_scriptable__(self) -> "PositionEncoding":
+        self.script_key = next(_KEYS)
+        _SCRIPTED[self.script_key] = self
+        return self
 
     # ------------------------------------------------------------------------------------------------ config
     @property
@@ -223,7 +236,7 @@ class PositionEncoding(nn.Module):
         # inference tensors cannot be saved for backward later: inference mode keeps its tables apart
         return (grid, device, dtype, torch.is_inference_mode_enabled())
 
-    def train(self, mode: bool = True) -> PositionEncoding:
+    def train(self, mode: bool = True) -> "PositionEncoding":
         self.clear_cache()
         return super().train(mode)
 
@@ -234,7 +247,7 @@ class PositionEncoding(nn.Module):
     def _build(self, grid, positions, keep, device, dtype) -> Table:
         calc = torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
         ext = self.extrapolation(grid)
-        with torch.autocast(device.type, enabled=False):
+        with outside_autocast(device.type):
             table = self.family.encode(self.coordinates(grid, positions, device, calc, keep), ext)
             if self.num_prefix_tokens:
                 table = table.with_prefix(self.num_prefix_tokens)
@@ -315,3 +328,14 @@ class RotaryEmbedding(PositionEncoding):
             raise ValueError(f"freqs={freqs!r}: choose one of {rotary}")
         options = dict(theta=theta, layout=layout, axis_dims=axis_dims, rotate_fraction=rotate_fraction)
         super().__init__(dim, axes, freqs, **options, **kwargs)
+
+
+def unscripted(encoding: nn.Module) -> PositionEncoding:
+    """The Python module of a position encoding: itself, or for the scripted copy a scripted model hands over, the
+    module it was scripted from (following the copy's train/eval mode)."""
+    if isinstance(encoding, PositionEncoding):
+        return encoding
+    module = _SCRIPTED[encoding.script_key]
+    if module.training != encoding.training:
+        module.train(encoding.training)
+    return module

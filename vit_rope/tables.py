@@ -15,15 +15,23 @@ Plain classes with typed fields rather than dataclasses: TorchScript compiles th
 and k here too.
 """
 
+from contextlib import nullcontext
+
 import torch
 from torch import Tensor
 
-__all__ = ["AttentionBias", "RotaryTable", "Table", "apply_rotary", "rotate_pairs", "tracing"]
+__all__ = ["AttentionBias", "RotaryTable", "Table", "apply_rotary", "outside_autocast", "rotate_pairs", "tracing"]
 
 
 def tracing() -> bool:
     """True while torch.compile, torch.export, ONNX export or TorchScript tracing sees the code."""
     return torch.compiler.is_compiling() or torch.jit.is_tracing()
+
+
+def outside_autocast(device_type: str):
+    """A context where ops keep their inputs' precision, under autocast too (a device without autocast, such as meta,
+    needs none)."""
+    return torch.autocast(device_type, enabled=False) if torch.amp.is_autocast_available(device_type) else nullcontext()
 
 
 def rotate_pairs(x: Tensor, cos: Tensor, sin: Tensor, layout: str = "interleaved") -> Tensor:
@@ -117,7 +125,7 @@ class RotaryTable:
             )
         if torch.jit.is_scripting():
             return self._rotate(x, inverse).to(x.dtype)
-        with torch.autocast(x.device.type, enabled=False):  # the table's precision, under autocast too
+        with outside_autocast(x.device.type):  # the table's precision
             return self._rotate(x, inverse).to(x.dtype)
 
     def _rotate(self, x: Tensor, inverse: bool) -> Tensor:

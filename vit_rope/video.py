@@ -10,10 +10,8 @@ time (each frame's kernel = the image kernel / tubelet depth, so a still clip em
 trunk is shared; an image APE is repeated over time.
 """
 
-from __future__ import annotations
-
-from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
@@ -30,8 +28,34 @@ from .vit import SIZES, VisionTransformer
 __all__ = ["TubeletEmbed", "VideoVisionTransformer"]
 
 
+@register_notrace_function  # torch.fx: a leaf
+@torch.jit.ignore  # TorchScript: Python, as every check of shapes
+def check_video_input(x: Tensor, in_chans: int, tubelet: int, patch_size: Any, weight: Tensor) -> None:
+    """One clear error for input a video model cannot take."""
+    if x.ndim != 5:
+        hint = (
+            " (an image batch? use a vit_rope_* image model, or add a time axis: x.unsqueeze(2))" if x.ndim == 4 else ""
+        )
+        raise ValueError(f"video models take (B, C, T, H, W) clips, got shape {tuple(x.shape)}{hint}")
+    check_batch(x, weight.dtype)
+    if x.shape[1] != in_chans:
+        raise ValueError(
+            f"clip has {x.shape[1]} channels (dim 1 of (B, C, T, H, W)) but the model was built with "
+            f"in_chans={in_chans}; pass in_chans={x.shape[1]} or move channels to dim 1"
+        )
+    T, H, W = x.shape[2:]
+    if T % tubelet:
+        raise ValueError(f"clip length {T} is not divisible by the tubelet depth {tubelet}; sample a multiple of it")
+    if H % patch_size[0] or W % patch_size[1]:
+        raise ValueError(
+            f"frame size {H}x{W} is not divisible by the patch size {patch_size[0]}x{patch_size[1]}; resize or crop "
+            "to a multiple of it"
+        )
+
+
 class TubeletEmbed(nn.Module):
-    """Non-overlapping ``tubelet × patch × patch`` Conv3d; output channels-last ``(B, T', H', W', C)``."""
+    """Non-overlapping ``tubelet × patch × patch`` Conv3d; output channels-last ``(B, T', H', W', C)``. It checks its
+    clips itself (torch.fx wraps a check as a leaf only where a module's forward calls it)."""
 
     def __init__(
         self,
@@ -50,40 +74,21 @@ class TubeletEmbed(nn.Module):
         self.img_size = to_2tuple(img_size)
         self.num_frames = num_frames
         self.dynamic_img_pad = False
-        self.grid_size = (
-            num_frames // tubelet_size,
-            self.img_size[0] // self.patch_size[0],
-            self.img_size[1] // self.patch_size[1],
-        )
+        self.set_input_size(img_size)
         kernel = (tubelet_size, *self.patch_size)
         self.proj = nn.Conv3d(in_chans, embed_dim, kernel_size=kernel, stride=kernel, device=device, dtype=dtype)
 
+    def set_input_size(self, img_size=None, patch_size=None) -> None:
+        """The nominal frame size (clips of other sizes run as they come); the patch size is the kernel's."""
+        if patch_size is not None and tuple(to_2tuple(patch_size)) != tuple(self.patch_size):
+            raise ValueError(f"video models keep their patch size {self.patch_size}; create a new model for another")
+        self.img_size = to_2tuple(img_size) if img_size is not None else self.img_size
+        T, (H, W), (ph, pw) = self.num_frames // self.tubelet_size, self.img_size, self.patch_size
+        self.grid_size = (T, H // ph, W // pw)
+
     def forward(self, x: Tensor) -> Tensor:
+        check_video_input(x, self.proj.in_channels, self.tubelet_size, self.patch_size, self.proj.weight)
         return self.proj(x).permute(0, 2, 3, 4, 1)
-
-
-@register_notrace_function
-def check_video_input(x: Tensor, in_chans: int, tubelet: int, patch_size: Sequence[int], dtype: torch.dtype) -> None:
-    """One clear error for input a video model cannot take."""
-    if x.ndim != 5:
-        hint = (
-            " (an image batch? use a vit_rope_* image model, or add a time axis: x.unsqueeze(2))" if x.ndim == 4 else ""
-        )
-        raise ValueError(f"video models take (B, C, T, H, W) clips, got shape {tuple(x.shape)}{hint}")
-    check_batch(x, dtype)
-    if x.shape[1] != in_chans:
-        raise ValueError(
-            f"clip has {x.shape[1]} channels (dim 1 of (B, C, T, H, W)) but the model was built with "
-            f"in_chans={in_chans}; pass in_chans={x.shape[1]} or move channels to dim 1"
-        )
-    T, H, W = x.shape[2:]
-    if T % tubelet:
-        raise ValueError(f"clip length {T} is not divisible by the tubelet depth {tubelet}; sample a multiple of it")
-    if H % patch_size[0] or W % patch_size[1]:
-        raise ValueError(
-            f"frame size {H}x{W} is not divisible by the patch size {patch_size[0]}x{patch_size[1]}; resize or crop "
-            "to a multiple of it"
-        )
 
 
 class VideoVisionTransformer(VisionTransformer):
@@ -103,11 +108,7 @@ class VideoVisionTransformer(VisionTransformer):
         return TubeletEmbed(img_size, self._num_frames, self._tubelet_size, patch_size, in_chans, embed_dim, **dd)
 
     def _check_input(self, x: Tensor) -> None:
-        pe = self.patch_embed
-        check_video_input(x, self.in_chans, pe.tubelet_size, pe.patch_size, pe.proj.weight.dtype)
-
-    def set_input_size(self, img_size=None, patch_size=None) -> None:
-        raise NotImplementedError("video models take any clip size the tubelet divides; create a new model instead")
+        """The tubelet embedding checks the clip."""
 
 
 def _cfg(**kwargs):

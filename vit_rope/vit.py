@@ -16,8 +16,6 @@ resampled with timm's ``resample_abs_pos_embed``. timm's RoPE ViTs (``vit_*_patc
 outputs.
 """
 
-from __future__ import annotations
-
 import math
 import re
 from collections.abc import Sequence
@@ -40,8 +38,8 @@ from .attention import Attention, parse_rope_targets
 from .checkpoint import checkpoint_filter_fn, resample_grid_embed
 from .checks import check_global_pool, check_image_input, check_rates, check_sizes
 from .families import FAMILIES, Family, on_register
-from .position_encoding import PositionEncoding
-from .tables import Table
+from .position_encoding import PositionEncoding, unscripted
+from .tables import AttentionBias, RotaryTable, Table
 
 __all__ = ["VisionTransformer", "family_of", "pos_embed_names"]
 
@@ -99,10 +97,14 @@ class Block(nn.Module):
         return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
 
 
+# What depends on the grid's size is a leaf for torch.fx and Python for TorchScript (``torch.jit.ignore``): a scripted
+# model runs its trunk in TorchScript and calls back into Python for these (the grid passes between them as ``Any``).
+
+
 @register_notrace_function
-def absolute_positions(x: Tensor, pos_embed: Tensor | None, sincos: bool, ref_grid: tuple[int, ...]):
-    """Patch tokens ``(B, *grid, C)`` → flat tokens with any absolute embedding added, and the grid (a leaf for
-    torch.fx: what happens here depends on the grid size)."""
+@torch.jit.ignore
+def absolute_positions(x: Tensor, pos_embed: Tensor | None, sincos: bool, ref_grid: Any) -> tuple[Tensor, Any]:
+    """Patch tokens ``(B, *grid, C)`` → flat tokens with any absolute embedding added, and the grid."""
     grid = tuple(x.shape[1:-1])
     x = x.flatten(1, -2)
     if pos_embed is not None:
@@ -113,10 +115,10 @@ def absolute_positions(x: Tensor, pos_embed: Tensor | None, sincos: bool, ref_gr
 
 
 @register_notrace_function
-def position_table(
-    encoding: PositionEncoding, grid: tuple[int, ...], keep: Tensor | None, x: Tensor, vo: bool
-) -> Table:
+@torch.jit.ignore
+def position_table(encoding: Any, grid: Any, keep: Tensor | None, x: Tensor, vo: bool) -> Table:
     """The table of the grid (cached; prefix rows identity), of its tokens ``keep (B, K)`` after token dropping."""
+    encoding = unscripted(encoding)
     if vo and encoding.has_temperature(grid):
         raise ValueError(
             f"rope_scaling='yarn' at grid {grid} scales q and k by its attention temperature, which would scale v and "
@@ -126,9 +128,20 @@ def position_table(
 
 
 @register_notrace_function
-def tokens_to_grid(x: Tensor, grid: tuple[int, ...]) -> Tensor:
+@torch.jit.ignore
+def tokens_to_grid(x: Tensor, grid: Any) -> Tensor:
     """Spatial tokens ``(B, N, C)`` → ``(B, C, *grid)``."""
     return x.reshape(x.shape[0], *grid, -1).movedim(-1, 1).contiguous()
+
+
+@register_notrace_function
+def layer_table(table: Table | None, index: int) -> Table | None:
+    """The table of layer ``index`` (TorchScript calls a method of a union of classes only on one class at a time)."""
+    if isinstance(table, RotaryTable):
+        return table.layer(index)
+    if isinstance(table, AttentionBias):
+        return table.layer(index)
+    return None
 
 
 def _block_with_tensors(block: nn.Module, x: Tensor, table: Table, *tensors: Tensor | None) -> Tensor:
@@ -330,6 +343,7 @@ class VisionTransformer(nn.Module):
         like = self.patch_embed.proj.weight  # a new head where the model's weights are, in their dtype
         dd = dict(device=like.device, dtype=like.dtype)
         self.head = nn.Linear(self.embed_dim, num_classes, **dd) if num_classes > 0 else nn.Identity()
+        self.head.train(self.training)
 
     def set_input_size(self, img_size=None, patch_size=None) -> None:
         """Change the nominal input size (and patch size): APE and the position encoding's reference grid follow."""
@@ -365,27 +379,30 @@ class VisionTransformer(nn.Module):
     # -------------------------------------------------------------------------------------------- forward
     def _check_input(self, x: Tensor) -> None:
         pe = self.patch_embed
-        check_image_input(x, self.in_chans, pe.patch_size, pe.dynamic_img_pad, pe.proj.weight.dtype)
+        check_image_input(x, self.in_chans, pe.patch_size, pe.dynamic_img_pad, pe.proj.weight)
 
-    def embed(self, x: Tensor) -> tuple[Tensor, Table | None, tuple[int, ...]]:
+    def embed(self, x: Tensor) -> tuple[Tensor, Table | None, Any]:
         """Patchify, add absolute embeddings, prepend prefix tokens, drop tokens (training, ``patch_drop_rate``);
         also return the position-encoding table of the tokens kept, and the grid."""
         self._check_input(x)
-        x, grid = absolute_positions(
-            self.patch_embed(x), self.pos_embed, self.pos_embed_type == "sincos", tuple(self.patch_embed.grid_size)
-        )
-        prefix = [t.expand(x.shape[0], -1, -1) for t in (self.cls_token, self.reg_token) if t is not None]
-        if prefix:
-            x = torch.cat([*prefix, x], dim=1)
+        is_sincos = self.pos_embed_type == "sincos"
+        x, grid = absolute_positions(self.patch_embed(x), self.pos_embed, is_sincos, self.patch_embed.grid_size)
+        prefix: list[Tensor] = []
+        if self.cls_token is not None:
+            prefix.append(self.cls_token.expand(x.shape[0], -1, -1))
+        if self.reg_token is not None:
+            prefix.append(self.reg_token.expand(x.shape[0], -1, -1))
+        if len(prefix) > 0:
+            x = torch.cat(prefix + [x], dim=1)
         x, keep = self.patch_drop(x)  # keep: (B, K) patch indices, None when nothing is dropped
-        table = None
+        table: Table | None = None
         if self.position_encoding is not None:
             table = position_table(self.position_encoding, grid, keep, x, self.rope_vo)
         return self.pos_drop(x), table, grid
 
     def _run_block(self, i: int, x: Tensor, table: Table | None) -> Tensor:
-        table = table.layer(i) if table is not None else None
-        if not self.grad_checkpointing or torch.jit.is_scripting():
+        table = layer_table(table, i)
+        if not self.grad_checkpointing:
             return self.blocks[i](x, table)
         if not isinstance(table, Table):  # no table, or a torch.fx proxy
             return checkpoint(self.blocks[i], x, table)
@@ -395,8 +412,12 @@ class VisionTransformer(nn.Module):
 
     def forward_features(self, x: Tensor) -> Tensor:
         x, table, _ = self.embed(x)
-        for i in range(len(self.blocks)):
-            x = self._run_block(i, x, table)
+        if torch.jit.is_scripting():  # TorchScript takes a ModuleList's blocks only by iterating it
+            for i, block in enumerate(self.blocks):
+                x = block(x, layer_table(table, i))
+        else:
+            for i in range(len(self.blocks)):
+                x = self._run_block(i, x, table)
         return self.norm(x)
 
     def pool(self, x: Tensor, pool_type: str | None = None) -> Tensor:
@@ -417,6 +438,7 @@ class VisionTransformer(nn.Module):
         return self.forward_head(self.forward_features(x))
 
     # ---------------------------------------------------------------------------------------- intermediates
+    @torch.jit.ignore
     def forward_intermediates(
         self,
         x: Tensor,
