@@ -5,14 +5,17 @@ import timm
 import torch
 from safetensors.torch import save_file
 
-import vit_rope  # noqa: F401
+from vit_rope import FAMILIES
+
+VIDEO_FAMILIES = sorted(n for n, f in FAMILIES.items() if f.max_axes is None or f.max_axes >= 3)
+IMAGE_ONLY = sorted(n for n, f in FAMILIES.items() if f.max_axes is not None and f.max_axes < 3)
 
 
 def tiny_video(**kwargs):
     return timm.create_model("vit_rope3d_tiny", depth=kwargs.pop("depth", 2), num_classes=4, **kwargs)
 
 
-@pytest.mark.parametrize("name", ["vit_rope3d_tiny", "vit_rope3d_small", "vit_rope3d_base"])
+@pytest.mark.parametrize("name", timm.list_models(module="video"))
 def test_every_video_model_builds_runs_forward_backward(name):
     model = timm.create_model(name, num_classes=3, num_frames=4, img_size=32)
     out = model(torch.randn(2, 3, 4, 32, 32))
@@ -174,22 +177,31 @@ def test_video_errors():
         tiny_video(pos_embed="sincos")
 
 
-def test_video_rope_mixed_runs():
-    model = tiny_video(pos_embed="rope_mixed")
-    out = model(torch.randn(1, 3, 4, 32, 32))
-    out.sum().backward()
-    assert model.position_encoding.family.frequencies.grad is not None
-
-
-@pytest.mark.parametrize("pos_embed", ["comrope", "comrope_ap", "liere", "string", "spiral"])
-def test_every_rotary_family_runs_on_clips(pos_embed):
-    """Families take any number of axes: over (t, h, w), clips of two lengths and sizes, a gradient on every
-    parameter. LookHere's fields of view are image-plane directions: a clear error."""
-    model = tiny_video(pos_embed=pos_embed)
+@pytest.mark.parametrize("family", VIDEO_FAMILIES)
+def test_every_family_of_three_axes_runs_on_clips(family):
+    """Over (t, h, w): clips of two lengths and sizes, a gradient on every parameter."""
+    model = tiny_video(pos_embed=family)
     for clip in (torch.randn(2, 3, 4, 32, 32), torch.randn(1, 3, 6, 48, 32)):
         out = model(clip)
         assert out.shape == (clip.shape[0], 4) and torch.isfinite(out).all()
     out.sum().backward()
     assert all(p.grad is not None for p in model.parameters())
-    with pytest.raises(ValueError, match="needs axes=2"):
-        tiny_video(pos_embed="lookhere")
+
+
+@pytest.mark.parametrize("family", IMAGE_ONLY)
+def test_a_family_of_the_image_plane_alone_is_one_clear_error(family):
+    with pytest.raises(ValueError, match=f"family '{family}' takes 2 coordinate axes, not axes=3"):
+        tiny_video(pos_embed=family)
+
+
+def test_set_input_size_moves_the_frame_grid_and_resamples_a_video_ape():
+    model = tiny_video(pos_embed="ape", num_frames=4, img_size=32).eval()
+    clip = torch.randn(1, 3, 4, 64, 64)
+    with torch.no_grad():
+        model.pos_embed.normal_()
+        before = model(clip)  # the APE resampled on the fly to (2, 4, 4)
+        model.set_input_size(img_size=64)
+        assert model.patch_embed.grid_size == (2, 4, 4) and model.pos_embed.shape == (1, 32, 192)
+        torch.testing.assert_close(model(clip), before, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="keep their patch size"):
+        model.set_input_size(patch_size=8)

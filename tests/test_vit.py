@@ -9,18 +9,16 @@ from safetensors.torch import save_file
 from timm.layers import resample_abs_pos_embed
 from timm.optim import create_optimizer_v2
 
-import vit_rope  # noqa: F401  (registers the models)
+import vit_rope  # registers the models
+from vit_rope import FAMILIES
 from vit_rope.attention import ROPE_TARGETS
 
-IMAGE_NAMES = [
-    f"vit_{kind}_{size}" for kind in ("rope", "rope_mixed", "ape") for size in ("tiny", "small", "base", "large")
-] + [
-    f"vit_{kind}_{size}"
-    for kind in ("comrope", "liere", "string", "spiral", "lookhere")
-    for size in ("tiny", "small", "base")
-]
-FAMILY_MODELS = ["vit_comrope_tiny", "vit_liere_tiny", "vit_string_tiny", "vit_spiral_tiny", "vit_lookhere_tiny"]
-VIDEO_NAMES = [f"vit_rope3d_{size}" for size in ("tiny", "small", "base")]
+# What the registries hold when the tests are collected: the built-in families and tests/conftest.py's, their models
+FAMILY_NAMES = sorted(FAMILIES)
+ROTARY = [n for n in FAMILY_NAMES if FAMILIES[n].rotary]
+KINDS = ["ape", *FAMILY_NAMES]  # pos_embed values: an absolute embedding, and every family
+IMAGE_NAMES = sorted(timm.list_models(module="vit"))  # every image model the package registered
+VIDEO_NAMES = sorted(timm.list_models(module="video"))
 
 
 def tiny(name="vit_rope_tiny", **kwargs):
@@ -33,8 +31,35 @@ def save(model, path):
     return str(path)
 
 
-def test_registry_lists_every_name():
-    assert set(IMAGE_NAMES + VIDEO_NAMES) <= set(timm.list_models("vit_*"))
+def test_every_family_with_a_model_name_has_models_of_every_size():
+    named = {f.model_name for f in FAMILIES.values() if f.model_name}
+    assert {"rope", "rope_mixed", "test_gained"} <= named  # a built-in family and tests/conftest.py's
+    for model in ["ape", *named]:
+        assert {f"vit_{model}_{size}" for size in ("tiny", "small", "base")} <= set(IMAGE_NAMES)
+    assert {f"vit_{kind}_large" for kind in ("rope", "rope_mixed", "ape")} <= set(IMAGE_NAMES)  # published weights
+    assert VIDEO_NAMES == ["vit_rope3d_base", "vit_rope3d_small", "vit_rope3d_tiny"]
+
+
+def test_a_family_registered_later_gets_its_models_and_pos_embed():
+    """Registering a family after the package was imported registers its timm models; the models' pos_embed asks the
+    registry when a model is built."""
+    from vit_rope.families.axial import Axial
+
+    @vit_rope.register_family
+    class Later(Axial):
+        """Axial RoPE under another name."""
+
+        name = "test_later"
+        model_name = "test_later"
+
+    assert "vit_test_later_small" in timm.list_models("vit_test_later_*")
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        later = tiny("vit_test_later_tiny").eval()
+        axial = tiny("vit_rope_tiny", pos_embed="test_later").eval()
+        axial.load_state_dict(later.state_dict())
+        torch.testing.assert_close(later(x), axial(x), rtol=0, atol=0)
+    assert type(later.position_encoding.family) is Later
 
 
 @pytest.mark.parametrize("name", IMAGE_NAMES)
@@ -55,10 +80,10 @@ def test_parameter_count_matches_timm_vit_s():
     assert abs(ours - theirs) / theirs < 0.01  # timm's ViT-S adds only a cls-slot pos_embed
 
 
-@pytest.mark.parametrize("name", ["vit_rope_tiny", "vit_rope_mixed_tiny", "vit_ape_tiny", *FAMILY_MODELS])
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("size", [(224, 224), (96, 96), (64, 160), (176, 48)])
-def test_unseen_square_and_rectangular_sizes(name, size):
-    model = tiny(name).eval()
+def test_unseen_square_and_rectangular_sizes(kind, size):
+    model = tiny(pos_embed=kind).eval()
     out, feats = model.forward_intermediates(torch.randn(1, 3, *size), indices=1)
     assert feats[0].shape == (1, 192, size[0] // 16, size[1] // 16)
     assert torch.isfinite(out).all()
@@ -117,7 +142,7 @@ def test_each_rope_target_changes_the_output():
 
 
 @pytest.mark.parametrize("heads", [2, 3, 6])
-@pytest.mark.parametrize("family", ["axial", "mixed", "string", "comrope_ld", "liere"])
+@pytest.mark.parametrize("family", ROTARY)
 @pytest.mark.parametrize("targets", ROPE_TARGETS)
 def test_attention_equals_a_hand_written_reference(targets, family, heads):
     """q/k/v turned by the table where chosen, attention, the output turned back where 'o' is chosen; random learned
@@ -354,37 +379,35 @@ def test_mixed_checkpoint_roundtrip_keeps_frequencies(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- timm API
-@pytest.mark.parametrize("name", FAMILY_MODELS)
-def test_new_families_follow_the_timm_api(name):
+@pytest.mark.parametrize("family", FAMILY_NAMES)
+def test_every_family_follows_the_timm_api(family):
     """Heads, pooling, intermediates and pruning, features_only, and no weight decay on any learned position
     parameter (as the papers train them)."""
-    model = tiny(name, num_classes=5, depth=3).eval()
+    model = tiny(pos_embed=family, num_classes=5, depth=3).eval()
     x = torch.randn(2, 3, 64, 96)
     assert model.forward_head(model.forward_features(x), pre_logits=True).shape == (2, 192)
     learned = {n for n, _ in model.named_parameters() if n.startswith("position_encoding.")}
-    assert learned <= model.no_weight_decay() and bool(learned) == (
-        name not in ("vit_spiral_tiny", "vit_lookhere_tiny")
-    )
+    assert learned <= model.no_weight_decay()
     final, inter = model.forward_intermediates(x, indices=[0, 2])
     block0 = inter[0]
     assert [t.shape for t in inter] == [(2, 192, 4, 6)] * 2
     model.prune_intermediate_layers(indices=[0])
     torch.testing.assert_close(model.forward_intermediates(x, indices=[0], intermediates_only=True)[0], block0)
-    features = timm.create_model(name, depth=2, features_only=True, out_indices=(1,))
+    features = timm.create_model("vit_rope_tiny", pos_embed=family, depth=2, features_only=True, out_indices=(1,))
     assert [o.shape for o in features(x)] == [(2, 192, 4, 6)]
 
 
-@pytest.mark.parametrize("name", ["vit_rope_tiny", "vit_ape_tiny", *FAMILY_MODELS])
-def test_token_dropping_trains_on_kept_tokens_and_is_off_in_eval(name):
+@pytest.mark.parametrize("kind", KINDS)
+def test_token_dropping_trains_on_kept_tokens_and_is_off_in_eval(kind):
     """patch_drop_rate keeps a random subset of patch tokens in training (each keeps its position: see
     test_families), none in eval, where the model equals one built without it."""
-    model = tiny(name, num_classes=5, patch_drop_rate=0.5).train()
+    model = tiny(pos_embed=kind, num_classes=5, patch_drop_rate=0.5).train()
     seen = []
     model.blocks[0].register_forward_hook(lambda mod, args, out: seen.append(out.shape[1]))
     model(torch.randn(2, 3, 64, 64)).sum().backward()
     assert seen == [1 + 8]  # cls + half of the 16 patches
     assert all(p.grad is not None for p in model.parameters())
-    plain = tiny(name, num_classes=5).eval()
+    plain = tiny(pos_embed=kind, num_classes=5).eval()
     plain.load_state_dict(model.state_dict())
     x = torch.randn(2, 3, 64, 64)
     with torch.no_grad():
@@ -433,12 +456,12 @@ def test_features_only():
 
 
 @pytest.mark.parametrize("reentrant", [False, True])
-@pytest.mark.parametrize("name", ["vit_rope_mixed_tiny", "vit_rope_tiny", "vit_string_tiny", "vit_lookhere_tiny"])
-def test_grad_checkpointing_gives_same_output_and_grads(name, reentrant, monkeypatch):
+@pytest.mark.parametrize("family", FAMILY_NAMES)
+def test_grad_checkpointing_gives_same_output_and_grads(family, reentrant, monkeypatch):
     """Every parameter's gradient, learned frequencies' included, is the same with timm's gradient checkpointing
     (its default, non-reentrant, and the reentrant kind) as without."""
     monkeypatch.setattr(timm.layers.config, "_USE_REENTRANT_CKPT", reentrant)
-    model = tiny(name).train()
+    model = tiny(pos_embed=family).train()
     x = torch.randn(2, 3, 64, 64)
     torch.manual_seed(0)
     a = model(x)
@@ -587,15 +610,13 @@ def test_torch_compile_matches_eager(name):
 
 
 @pytest.mark.parametrize("checkpointing", [False, True])
-@pytest.mark.parametrize(
-    "name", ["vit_rope_tiny", "vit_rope_mixed_tiny", "vit_ape_tiny", "vit_string_tiny", "vit_lookhere_tiny"]
-)
-def test_torch_fx_feature_extraction_matches_eager(name, checkpointing):
+@pytest.mark.parametrize("kind", KINDS)
+def test_torch_fx_feature_extraction_matches_eager(kind, checkpointing):
     """timm's fx path (graph node names, feature extractor) traces the model, with gradient checkpointing on too;
     outputs equal eager exactly."""
     from timm.models._features_fx import create_feature_extractor, get_graph_node_names
 
-    model = tiny(name, num_classes=10, reg_tokens=1).eval()
+    model = tiny(pos_embed=kind, num_classes=10, reg_tokens=1).eval()
     model.set_grad_checkpointing(checkpointing)
     _, eval_nodes = get_graph_node_names(model)
     fx_model = create_feature_extractor(model, return_nodes=[eval_nodes[-1]])
@@ -606,9 +627,9 @@ def test_torch_fx_feature_extraction_matches_eager(name, checkpointing):
 
 
 # -------------------------------------------------------------------------------------------------- export
-@pytest.mark.parametrize("name", ["vit_rope_tiny", "vit_rope_mixed_tiny", "vit_ape_tiny", *FAMILY_MODELS])
-def test_torch_export_matches_eager(name):
-    model = tiny(name, num_classes=10).eval()
+@pytest.mark.parametrize("kind", KINDS)
+def test_torch_export_matches_eager(kind):
+    model = tiny(pos_embed=kind, num_classes=10).eval()
     x = torch.randn(2, 3, 64, 96)
     ep = torch.export.export(model, (x,))
     assert not any("complex" in str(n.target) for n in ep.graph.nodes)
@@ -616,14 +637,42 @@ def test_torch_export_matches_eager(name):
         torch.testing.assert_close(ep.module()(x), model(x), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated")
+@pytest.mark.parametrize("kind", KINDS)
+def test_torchscript_matches_eager(kind):
+    """Scripted as timm scripts a model: the trunk runs in TorchScript, the table is computed in Python (through
+    torch.jit.ignore); logits equal eager, at a size other than the default."""
+    with timm.layers.set_layer_config(scriptable=True):
+        model = tiny(pos_embed=kind, num_classes=10).eval()
+    scripted = torch.jit.script(model)
+    x = torch.randn(2, 3, 64, 96)
+    with torch.no_grad():
+        torch.testing.assert_close(scripted(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated")
+def test_a_scripted_model_trains_its_learned_family_and_follows_train_and_eval():
+    """The scripted copy shares the parameters: gradients reach the learned frequencies; its train()/eval() reach
+    the Python side too (DINOv3's coordinate augmentation is drawn in training only)."""
+    model = tiny(pos_embed="mixed", num_classes=5, rope_shift=2.0, init_values=1.0)  # blocks that matter
+    scripted = torch.jit.script(model)
+    x = torch.randn(2, 3, 64, 64)
+    scripted.train()
+    a, b = scripted(x), scripted(x)
+    assert not torch.allclose(a, b)  # a new shift each forward pass
+    a.sum().backward()
+    assert model.position_encoding.family.frequencies.grad.abs().sum() > 0
+    scripted.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(scripted(x), model.eval()(x), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "name", ["vit_rope_tiny", "vit_rope_mixed_tiny", "vit_ape_tiny", "vit_spiral_tiny", "vit_lookhere_tiny"]
-)  # ComRoPE and LieRE need matrix_exp, STRING a solve: not in ONNX
-def test_onnx_export_matches_eager(name, tmp_path):
+@pytest.mark.parametrize("kind", ["ape", *(n for n in FAMILY_NAMES if FAMILIES[n].onnx)])  # what ONNX has ops for
+def test_onnx_export_matches_eager(kind, tmp_path):
     import onnxruntime as ort
 
-    model = tiny(name, num_classes=10).eval()
+    model = tiny(pos_embed=kind, num_classes=10).eval()
     x = torch.randn(2, 3, 64, 96)
     path = os.path.join(tmp_path, "m.onnx")
     torch.onnx.export(model, (x,), path, dynamo=True)

@@ -40,18 +40,30 @@ class Family(nn.Module):
     A family defines ``encode`` rather than ``forward``: TorchScript compiles every submodule's ``forward``, and
     families are Python that a scripted model calls back into (``torch.jit.ignore``).
 
-    A subclass sets ``name`` (its registry key), ``scaling_modes`` (the extrapolation modes it supports: every family
-    has the coordinate modes; NTK and YaRN need a fixed frequency ladder), ``rotary`` (False for a bias), and optionally
-    ``model_name`` (timm then registers ``vit_<model_name>_{tiny,small,base}``) and ``needs_heads`` (it works per head,
-    so ``num_heads`` is required). ``depth=None`` shares one encoding across layers; with ``depth`` a learned family
-    may learn one per layer and sets ``per_layer``.
+    A subclass sets ``name`` (its registry key) and declares what it is; the models, train.py and the tests read these
+    declarations rather than lists of names:
+
+    * ``scaling_modes``: the extrapolation modes it supports (every family has the coordinate modes; NTK and YaRN need
+      a fixed frequency ladder);
+    * ``rotary``: False for a bias on the logits; ``commutes``: its rotations commute, so attention is exactly
+      relative (``<R(a) q, R(b) k>`` depends on ``b - a`` alone);
+    * ``model_name``: timm then registers ``vit_<model_name>_{tiny,small,base}``;
+    * ``needs_heads``: it works per head, so ``num_heads`` is required; ``min_axes``, ``max_axes``: the coordinate
+      axes it takes; ``onnx``: its models export to ONNX (``matrix_exp`` and ``solve`` do not).
+
+    ``depth=None`` shares one encoding across layers; with ``depth`` a learned family may learn one per layer and sets
+    ``per_layer``.
     """
 
     name: ClassVar[str]
     scaling_modes: ClassVar[tuple[str, ...]] = COORDINATE_MODES
     rotary: ClassVar[bool] = True
+    commutes: ClassVar[bool] = True
     model_name: ClassVar[str | None] = None
     needs_heads: ClassVar[bool] = False
+    min_axes: ClassVar[int] = 1
+    max_axes: ClassVar[int | None] = None
+    onnx: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -63,6 +75,10 @@ class Family(nn.Module):
         ref_grid: Sequence[int] | None = None,  # the training grid at construction: some inits scale by it
     ) -> None:
         super().__init__()
+        if axes < self.min_axes or (self.max_axes is not None and axes > self.max_axes):
+            low, high = self.min_axes, self.max_axes
+            takes = f"{low} or more" if high is None else str(low) if high == low else f"{low} to {high}"
+            raise ValueError(f"family {self.name!r} takes {takes} coordinate axes, not axes={axes}")
         if self.needs_heads and num_heads is None:
             raise ValueError(f"freqs={self.name!r} works per head: pass num_heads")
         self.dim, self.axes, self.num_heads, self.depth = dim, axes, num_heads, depth

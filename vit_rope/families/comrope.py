@@ -32,6 +32,7 @@ class _ComRoPE(Family):
     """What AP and LD share: one learned skew block per (layer, head, block), turned per token by ``turns``."""
 
     needs_heads = True
+    onnx = False  # matrix_exp
 
     def __init__(
         self, dim: int, axes: int, *, block_size: int = 8, init_std: float = 1.0, per_layer: bool = True, **common

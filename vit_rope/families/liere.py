@@ -29,6 +29,8 @@ class LieRE(Family):
 
     name = "liere"
     model_name = "liere"
+    commutes = False  # generators need not commute: attention is relative only approximately
+    onnx = False  # matrix_exp
 
     def __init__(
         self, dim: int, axes: int, *, block_size: int = 8, per_layer: bool = True, per_head: bool = True, **common

@@ -52,11 +52,10 @@ class LookHere(Family):
     rotary = False
     model_name = "lookhere"
     needs_heads = True
+    min_axes = max_axes = 2  # fields of view are directions of the image plane
 
     def __init__(self, dim: int, axes: int, *, fov: int = 90, global_slope: float = 1.0, **common) -> None:
         super().__init__(dim, axes, **common)
-        if axes != 2:
-            raise ValueError("LookHere's fields of view are directions of the image plane: it needs axes=2")
         if fov not in WEDGES:
             raise ValueError(f"fov={fov}: choose 180, 90 or 45 (LH-180, LH-90, LH-45)")
         if not global_slope > 0:

@@ -42,6 +42,7 @@ class Spiral(PairFamily):
     """Spiral RoPE: K directions spread over the half-turn (``directions``; default the most, 4 to 8, that fit)."""
 
     name = "spiral"
+    min_axes = 2  # directions of the image plane
     scaling_modes = ("none", "pi", "ntk", "yarn", "normalized")
     model_name = "spiral"
 

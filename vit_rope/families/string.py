@@ -35,6 +35,7 @@ class CayleyString(PairFamily):
     name = "string"
     model_name = "string"
     needs_heads = True
+    onnx = False  # linalg.solve
 
     def __init__(self, dim: int, axes: int, *, per_layer: bool = True, **kwargs) -> None:
         super().__init__(dim, axes, **kwargs)

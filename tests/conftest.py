@@ -1,0 +1,33 @@
+"""A position-encoding family defined here, outside the package, and registered before the tests are collected: every
+test that goes over the registry (the models, the families' properties, train.py's comparison) runs it as it runs the
+built-in families, with no test naming it. A user's family is as first-class as ours."""
+
+import torch
+from torch import Tensor, nn
+
+from vit_rope import register_family
+from vit_rope.families.axial import frequency_ladder
+from vit_rope.families.base import Extrapolation, PairFamily, at_least_float32, head_angles, sections
+from vit_rope.tables import RotaryTable
+
+
+@register_family
+class GainedAxial(PairFamily):
+    """Axial RoPE whose frequencies a learned gain scales, per head and layer (learned, exactly relative)."""
+
+    name = "test_gained_axial"
+    model_name = "test_gained"  # timm's vit_test_gained_{tiny,small,base}
+    needs_heads = True
+
+    def __init__(self, dim: int, axes: int, *, per_layer: bool = True, **kwargs) -> None:
+        super().__init__(dim, axes, **kwargs)
+        F = torch.zeros(axes, dim // 2, dtype=torch.float64)
+        for axis, pairs in sections(self.axis_dims):
+            F[axis, pairs] = frequency_ladder(self.axis_dims[axis], self.theta)
+        self.register_buffer("ladder", F.float(), persistent=False)  # (axes, dim // 2), axial RoPE's
+        self.gain = nn.Parameter(torch.ones(*self.learned_shape(per_layer), 1, 1))  # ([layer,] heads, 1, 1)
+
+    def encode(self, coords: Tensor, extrapolation: Extrapolation) -> RotaryTable:
+        F = at_least_float32(self.gain) * self.ladder  # ([layer,] heads, axes, dim // 2)
+        angles = head_angles(coords.to(F.dtype), F)
+        return RotaryTable(angles.cos(), angles.sin(), layout=self.layout, per_layer=self.per_layer)
