@@ -123,12 +123,14 @@ class RotaryTable:
                 "inverse=True under scaling='yarn' at a scale above 1: its table scales by the attention temperature "
                 "as it turns, so turning back would scale again instead of undoing; use 'pi', 'ntk' or 'normalized'"
             )
+        if self.basis is None and self.blocks is None:  # elementwise ops, which autocast leaves alone
+            return self._turn_pairs(x, inverse).to(x.dtype)
         if torch.jit.is_scripting():
-            return self._rotate(x, inverse).to(x.dtype)
-        with outside_autocast(x.device.type):  # the table's precision
-            return self._rotate(x, inverse).to(x.dtype)
+            return self._turn_in_basis(x, inverse).to(x.dtype)
+        with outside_autocast(x.device.type):  # matrix products in the table's precision, under autocast too
+            return self._turn_in_basis(x, inverse).to(x.dtype)
 
-    def _rotate(self, x: Tensor, inverse: bool) -> Tensor:
+    def _turn_in_basis(self, x: Tensor, inverse: bool) -> Tensor:
         basis = self.basis
         if basis is not None:
             x = x.to(basis.dtype) @ basis.mT  # P x, x as rows
