@@ -14,10 +14,9 @@ extrapolation.png, log.csv (per epoch), config.yaml (resolved), and per run <tag
 and <tag>/checkpoint.pt (resume state, written atomically every epoch).
 
 Every setting is checked, and every model built once, before anything in --output changes; the run then holds a
-lock on the folder. What --resume does with changed settings: docs/what_happens_when.md.
+lock on the folder and writes only its own files there. What --resume does with changed settings, and what
+--overwrite deletes: docs/what_happens_when.md.
 """
-
-from __future__ import annotations
 
 import json
 import math
@@ -41,78 +40,126 @@ from timm.utils import ModelEmaV3, accuracy
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
-from vit_rope import data as D
-from vit_rope import runs
-from vit_rope import train_config as config
-from vit_rope.report import write_results
-from vit_rope.runs import all_sum, atomic_write, model_dir, rank_world
+from vit_rope.training.data import Data, build_data
+from vit_rope.training.distributed import all_sum, rank_world, resolve_device, setup_distributed
+from vit_rope.training.folder import (
+    RESULT_FILES,
+    RUN_FILES,
+    append_csv,
+    atomic_write,
+    check_output,
+    drop_log_rows,
+    locked,
+    remove_run_files,
+    write_json,
+)
+from vit_rope.training.models import build_model, check_input_sizes, data_config, import_modules, scaling_modes
+from vit_rope.training.plan import Run, plan_runs
+from vit_rope.training.report import write_results
+from vit_rope.training.rng import all_rng_states, restore_rng_state, seed_everything
+from vit_rope.training.settings import DEFAULTS, Settings, parse, read_yaml, resumed
+from vit_rope.training.weights import read_checkpoint, resume_remedy, trained_epochs
 
 HERE = Path(__file__).resolve().parent
 
 
-def parse_config(argv: list[str] | None = None) -> tuple[dict, dict]:
-    """configs/default.yaml, or ``--config``, overridden by flags; every config key and its help:
-    vit_rope/train_config.py (``python train.py --help`` lists them)."""
-    return config.parse_config(argv, HERE / "configs" / "default.yaml", __doc__)
+def parse_config(argv: list[str] | None = None) -> tuple[Settings, dict]:
+    """configs/default.yaml, or ``--config``, overridden by flags (``python train.py --help`` lists them); and what
+    the command line sets, for --resume."""
+    return parse(argv, HERE / "configs" / "default.yaml", __doc__)
 
 
 # ------------------------------------------------------------------------------------- checks before a run
-def checked_data(cfg: dict, dc: dict) -> tuple:
+def check_folder(settings: Settings, plan: list[Run]) -> list[Path]:
+    """--output can hold the run, and a fresh run replaces no earlier one unasked: it is refused where a run is
+    (its config.yaml), unless --resume or --overwrite; returns the folders of the earlier runs --overwrite deletes
+    the files of (by name)."""
+    out = check_output(settings.output)
+    earlier = out / "config.yaml"
+    if settings.resume or not (earlier.exists() or earlier.is_symlink()):
+        return []
+    if not settings.overwrite:
+        raise SystemExit(
+            f"error: {out} holds a run already (its config.yaml); continue it with --resume, or replace it with "
+            "--overwrite (which deletes its results, log, config and each run's checkpoint.pt, model.safetensors and "
+            "results.json), or choose another --output"
+        )
+    try:  # the earlier run's own folders, named by its config (one that cannot be read names none)
+        values = {**DEFAULTS, **read_yaml(earlier, "the earlier run's config"), "output": settings.output}
+        return [run.folder for run in plan_runs(Settings(**values))]
+    except (SystemExit, TypeError):
+        return []
+
+
+def check_epochs(settings: Settings, plan: list[Run]) -> dict[str, int]:
+    """The epochs each run of a resumed run has trained; fewer --epochs than that is refused (an epoch cannot be
+    untrained, and config.yaml would not describe the weights)."""
+    resuming = settings.resume and not settings.eval_only
+    trained = {run.tag: trained_epochs(run.folder / "checkpoint.pt") if resuming else 0 for run in plan}
+    ahead = {t: n for t, n in trained.items() if n > settings.epochs}
+    if ahead:
+        raise SystemExit(
+            f"error: --epochs {settings.epochs} is fewer than the run in {settings.output} has trained ({ahead}); "
+            f"resume with --epochs {max(ahead.values())} or more, or train for fewer epochs in a new run with another "
+            "--output"
+        )
+    return trained
+
+
+def checked_data(settings: Settings, dc: dict) -> Data:
     """``build_data``, with one sample of each split read: a missing or unreadable dataset stops the run now."""
     try:
-        data = D.build_data(cfg, dc)
-        train_ds, eval_set, _ = data
-        if train_ds is not None:
-            train_ds[0]
-        eval_set(cfg["img_size"], "resize")[0]
+        data = build_data(settings, dc)
+        if data.train is not None:
+            data.train[0]
+        data.eval_set(settings.img_size, "resize")[0]
     except (OSError, ValueError, RuntimeError, IndexError) as e:
-        raise SystemExit(f"error: dataset {cfg['dataset']} in {cfg['data_dir']!r}: {e}") from None
+        raise SystemExit(f"error: dataset {settings.dataset} in {settings.data_dir!r}: {e}") from None
     return data
 
 
-def preflight(plan: list[runs.Run]) -> dict[str, tuple]:
+def preflight(plan: list[Run]) -> dict[str, tuple[Data, list[str]]]:
     """The optimizer, the data and every model (under each recipe) built once on the CPU before anything is written,
     so that what would fail later fails now: an optimizer timm lacks, a dataset that is missing or unreadable, a
     kwarg the model refuses or one that makes its outputs non-finite, weights that do not fit, eval or training sizes
     it does not take. Returns run tag → (data, the model's scaling modes); runs that agree on the data share it."""
-    for cfg in {run.recipe: run.cfg for run in plan}.values():
+    for settings in {run.recipe: run.settings for run in plan}.values():
         try:  # timm's names: its own error says which it knows
-            make_optimizer(torch.nn.Linear(1, 1), cfg, steps=1)
+            make_optimizer(torch.nn.Linear(1, 1), settings, steps=1)
         except (ValueError, AssertionError) as e:
-            raise SystemExit(f"error: --opt {cfg['opt']} with --sched {cfg['sched']}: {e}") from None
-    data_by_key, modes, checked = {}, {}, {}
+            raise SystemExit(f"error: --opt {settings.opt} with --sched {settings.sched}: {e}") from None
+    data, modes, checked = {}, {}, {}
     for run in plan:
-        dc = config.data_config(run.cfg, run.spec)
-        key = D.data_key(run.cfg, dc)
-        if key not in data_by_key:
-            data_by_key[key] = checked_data(run.cfg, dc)
+        dc = data_config(run.settings, run.spec)
+        key = (run.settings.data_key(), dc["mean"], dc["std"])
+        if key not in data:
+            data[key] = checked_data(run.settings, dc)
         if (run.spec, run.recipe) not in modes:
-            modes[run.spec, run.recipe] = checked_model(run, data_by_key[key])
-        checked[run.tag] = (data_by_key[key], modes[run.spec, run.recipe])
+            modes[run.spec, run.recipe] = checked_model(run, data[key])
+        checked[run.tag] = (data[key], modes[run.spec, run.recipe])
     return checked
 
 
-def checked_model(run: runs.Run, data: tuple) -> list[str]:
+def checked_model(run: Run, data: Data) -> list[str]:
     """A run's model built and fed a validation sample at --img-size and at its other eval and training sizes;
     returns the --rope-scaling modes it takes."""
-    cfg, spec, where = run.cfg, run.spec, f" (recipe {run.recipe})" if run.recipe else ""
-    model = config.build_model(cfg, spec, num_classes=data[2]).eval()
-    config.check_input_sizes(cfg, spec, model, where)
-    sample = data[1](cfg["img_size"], "resize")[0][0][None]
+    settings, spec, where = run.settings, run.spec, f" (recipe {run.recipe})" if run.recipe else ""
+    model = build_model(settings, spec, num_classes=data.num_classes).eval()
+    check_input_sizes(settings, spec, model, where)
+    sample = data.eval_set(settings.img_size, "resize")[0][0][None]
     try:
         with torch.no_grad():
             finite = torch.isfinite(model(sample)).all()
     except ValueError as e:  # the model's input checks
         raise SystemExit(f"error: model {spec} refuses a validation sample at --img-size: {e}") from None
     if not finite:
-        kwargs = {**cfg["model_kwargs"], **config.split_spec(spec)[1]}
-        weights = " and its --initial-checkpoint" if cfg["initial_checkpoint"] else ""
+        weights = " and its --initial-checkpoint" if settings.initial_checkpoint else ""
         raise SystemExit(
-            f"error: model {spec} with {kwargs}{weights} gives non-finite outputs before any training: one of "
-            "these is out of range (as rope_theta=0); fix it in --model-kwargs or the model spec"
+            f"error: model {spec} with {settings.model_kwargs}{weights} gives non-finite outputs before any training: "
+            "one of these is out of range (as rope_theta=0); fix it in --model-kwargs or the model spec"
         )
     if not getattr(model, "dynamic_img_size", False):  # timm's ViTs take other sizes only when built to
-        for size in sorted({*cfg["eval_sizes"], *cfg["train_sizes"]} - {cfg["img_size"]}):
+        for size in sorted({*settings.eval_sizes, *settings.train_sizes} - {settings.img_size}):
             try:
                 with torch.no_grad():
                     model(resize_batch(sample, size))
@@ -121,44 +168,45 @@ def checked_model(run: runs.Run, data: tuple) -> list[str]:
                     f"error: model {spec}{where} refuses {size}-px input ({e}); create it with dynamic_img_size=True "
                     f"(timm's ViTs), or leave {size} out of --eval-sizes and --train-sizes"
                 ) from None
-    modes = scaling_modes(model, cfg["rope_scaling"])
+    modes = scaling_modes(model, settings.rope_scaling)
     if not modes:
         raise SystemExit(
-            f"error: {spec} takes none of --rope-scaling {cfg['rope_scaling']} (it takes "
+            f"error: {spec} takes none of --rope-scaling {list(settings.rope_scaling)} (it takes "
             f"{list(model.rope_scaling_modes())}); add one of those"
         )
     return modes
 
 
 # ------------------------------------------------------------------------------------------------------ data
-def make_loader(ds: Dataset, cfg: dict, train: bool, epoch: int) -> DataLoader:
+def make_loader(ds: Dataset, settings: Settings, train: bool, epoch: int) -> DataLoader:
     """Epoch-seeded shuffling, sharded over ranks: the order depends only on (seed, epoch), so resuming works."""
     rank, world = rank_world()
     n = len(ds)
     if train:
-        g = torch.Generator().manual_seed(cfg["seed"] * 100_003 + epoch)
+        g = torch.Generator().manual_seed(settings.seed * 100_003 + epoch)
         order = torch.randperm(n, generator=g).tolist()
         order = order[: n - n % world] if world > 1 else order
     else:
         order = list(range(n))
     indices = order[rank::world]
-    bs = cfg["batch_size"] if train else cfg["eval_batch_size"]
+    bs = settings.batch_size if train else settings.eval_batch_size
     return DataLoader(
         torch.utils.data.Subset(ds, indices),
         batch_size=bs,
         shuffle=False,
-        num_workers=cfg["workers"],
+        num_workers=settings.workers,
         drop_last=train and len(indices) >= bs,
     )
 
 
-def batch_sizes(cfg: dict, epoch: int, steps: int) -> list[int]:
+def batch_sizes(settings: Settings, epoch: int, steps: int) -> list[int]:
     """The size of each training batch of an epoch, drawn from --train-sizes by (seed, epoch) alone, so that a resumed
     run and every rank draw the same; empty without --train-sizes."""
-    if not cfg["train_sizes"]:
+    if not settings.train_sizes:
         return []
-    g = torch.Generator().manual_seed(cfg["seed"] * 100_003 + epoch + 2**62)  # another stream than the order's
-    return [cfg["train_sizes"][i] for i in torch.randint(len(cfg["train_sizes"]), (steps,), generator=g).tolist()]
+    g = torch.Generator().manual_seed(settings.seed * 100_003 + epoch + 2**62)  # another stream than the order's
+    picks = torch.randint(len(settings.train_sizes), (steps,), generator=g).tolist()
+    return [settings.train_sizes[i] for i in picks]
 
 
 def resize_batch(x: torch.Tensor, size: int) -> torch.Tensor:
@@ -184,35 +232,37 @@ class Training:
     steps: int  # optimizer updates per epoch
 
 
-def make_optimizer(model: torch.nn.Module, cfg: dict, steps: int) -> tuple:
-    optimizer = create_optimizer_v2(model, cfg["opt"], lr=cfg["lr"], weight_decay=cfg["weight_decay"])
+def make_optimizer(model: torch.nn.Module, settings: Settings, steps: int) -> tuple:
+    """timm's optimizer (with its layer-wise LR decay over the model's group_matcher where --layer-decay asks it)
+    and its LR schedule, stepped every update."""
+    optimizer = create_optimizer_v2(
+        model, settings.opt, lr=settings.lr, weight_decay=settings.weight_decay, layer_decay=settings.layer_decay
+    )
     scheduler, _ = create_scheduler_v2(
         optimizer,
-        cfg["sched"],
-        num_epochs=cfg["epochs"],
-        warmup_epochs=cfg["warmup_epochs"],
-        min_lr=cfg["min_lr"],
-        warmup_lr=cfg["lr"] * 0.01,
+        settings.sched,
+        num_epochs=settings.epochs,
+        warmup_epochs=settings.warmup_epochs,
+        min_lr=settings.min_lr,
+        warmup_lr=settings.lr * 0.01,
         step_on_epochs=False,
         updates_per_epoch=steps,
     )
     return optimizer, scheduler
 
 
-def make_training(cfg: dict, model: torch.nn.Module, num_classes: int, steps: int) -> Training:
-    optimizer, scheduler = make_optimizer(model, cfg, steps)
-    mix, smoothing = cfg["mixup"] > 0 or cfg["cutmix"] > 0, cfg["label_smoothing"]
-    mixup = None
-    if mix:
-        mixup = Mixup(
-            mixup_alpha=cfg["mixup"], cutmix_alpha=cfg["cutmix"], label_smoothing=smoothing, num_classes=num_classes
-        )
+def make_training(settings: Settings, model: torch.nn.Module, num_classes: int, steps: int) -> Training:
+    optimizer, scheduler = make_optimizer(model, settings, steps)
+    smoothing, mixup = settings.label_smoothing, None
+    if settings.mixup > 0 or settings.cutmix > 0:
+        mixup = Mixup(mixup_alpha=settings.mixup, cutmix_alpha=settings.cutmix, label_smoothing=smoothing,
+                      num_classes=num_classes)  # fmt: skip
         criterion = SoftTargetCrossEntropy()
     elif smoothing:
         criterion = LabelSmoothingCrossEntropy(smoothing)
     else:
         criterion = torch.nn.CrossEntropyLoss()
-    ema = ModelEmaV3(model, decay=cfg["ema_decay"]) if cfg["ema"] else None
+    ema = ModelEmaV3(model, decay=settings.ema_decay) if settings.ema else None
     return Training(optimizer, scheduler, criterion, mixup, ema, steps)
 
 
@@ -224,19 +274,14 @@ def stop(tag: str, problem: str, checkpoint: Path) -> NoReturn:
     )
 
 
-def train_one_epoch(
-    model: torch.nn.Module, ddp: torch.nn.Module, loader, training: Training, cfg: dict, epoch: int, device, tag: str
-) -> tuple[float, float]:
+def train_one_epoch(model, ddp, loader, training: Training, run: Run, epoch: int, device) -> tuple[float, float]:
     """One pass over the training set; returns the mean training loss and top-1 (%) over all ranks."""
+    settings = run.settings
     ddp.train()
-    bar = tqdm(
-        loader,
-        desc=f"{tag} epoch {epoch + 1}/{cfg['epochs']}",
-        disable=None if rank_world()[0] == 0 else True,
-        leave=False,
-    )
+    desc, quiet = f"{run.tag} epoch {epoch + 1}/{settings.epochs}", rank_world()[0] != 0
+    bar = tqdm(loader, desc=desc, disable=True if quiet else None, leave=False)
     loss_sum = correct = seen = 0.0
-    sizes = batch_sizes(cfg, epoch, len(loader))
+    sizes = batch_sizes(settings, epoch, len(loader))
     for step, (x, y) in enumerate(bar):
         x, y = x.to(device), y.to(device)
         if sizes:
@@ -244,15 +289,16 @@ def train_one_epoch(
         target = y
         if training.mixup is not None:
             x, target = training.mixup(x, y)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg["amp"]):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=settings.amp):
             logits = ddp(x)
             loss = training.criterion(logits.float(), target)
         if not torch.isfinite(loss):
-            stop(tag, f"the loss became {loss.item()} at epoch {epoch + 1}, step {step + 1}", checkpoint_path(cfg, tag))
+            stop(run.tag, f"the loss became {loss.item()} at epoch {epoch + 1}, step {step + 1}",
+                 run.folder / "checkpoint.pt")  # fmt: skip
         training.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        if cfg["clip_grad"]:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["clip_grad"])
+        if settings.clip_grad:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), settings.clip_grad)
         training.optimizer.step()
         training.scheduler.step_update(epoch * training.steps + step + 1)
         if training.ema is not None:
@@ -283,81 +329,69 @@ def validate(model: torch.nn.Module, loader, device, amp: bool) -> dict:
     return dict(loss=loss_sum / max(count, 1), top1=100 * top1 / max(count, 1), top5=100 * top5 / max(count, 1))
 
 
-def checkpoint_path(cfg: dict, tag: str) -> Path:
-    return model_dir(Path(cfg["output"]), tag) / "checkpoint.pt"
-
-
-def save_checkpoint(cfg: dict, tag: str, model, training: Training, epoch: int, rngs: list[dict]) -> None:
-    """The evaluated weights (model.safetensors) and the resume state (checkpoint.pt), each written atomically."""
-    state = dict(
-        model=model.state_dict(),
-        optimizer=training.optimizer.state_dict(),
-        model_ema=training.ema.state_dict() if training.ema is not None else None,  # timm's key: load_checkpoint reads
-        epoch=epoch,
-        rng=rngs,
-    )
-    folder = checkpoint_path(cfg, tag).parent
-    folder.mkdir(parents=True, exist_ok=True)
-    evaluated = training.ema.module if training.ema is not None else model
-    weights = {k: v.detach().cpu().contiguous() for k, v in evaluated.state_dict().items()}
-    atomic_write(folder / "model.safetensors", save_file, weights)
-    atomic_write(folder / "checkpoint.pt", torch.save, state)
-
-
 def resume_from(path: Path, model, training: Training) -> int:
-    """Model, optimizer, EMA and every rank's RNG from a checkpoint.pt; returns the number of finished epochs."""
-    state = torch.load(path, map_location="cpu", weights_only=False)  # RNG states must stay on the CPU
-    model.load_state_dict(state["model"])
-    training.optimizer.load_state_dict(state["optimizer"])
-    ema_state = state.get("model_ema", state.get("ema"))  # "ema" in checkpoints of older train.py
-    if training.ema is not None and ema_state is not None:
-        training.ema.load_state_dict(ema_state)
-    runs.restore_rng_state(state["rng"], *rank_world())
+    """Model, optimizer, EMA and every rank's RNG from a run's checkpoint.pt (read with weights_only=True); returns
+    the number of finished epochs. A file that does not fit the model is one line naming it."""
+    state = read_checkpoint(path, resume_remedy(path))
+    try:
+        model.load_state_dict(state["model"])
+        training.optimizer.load_state_dict(state["optimizer"])
+        if training.ema is not None and state["model_ema"] is not None:
+            training.ema.load_state_dict(state["model_ema"])
+        restore_rng_state(state["rng"], *rank_world())
+    except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as e:
+        raise SystemExit(
+            f"error: {path} does not fit this run's model ({str(e).splitlines()[0][:200]}); {resume_remedy(path)}"
+        ) from None
     done = state["epoch"] + 1
     # timm's schedulers compute the LR from the update index alone, so the scheduler is not restored: built from
-    # this config it follows a longer --epochs, and an unchanged one sets the LR the uninterrupted run's last
+    # these settings it follows a longer --epochs, and unchanged ones set the LR the uninterrupted run's last
     # step_update set
     training.scheduler.step_update(done * training.steps)
     return done
 
 
-def train_model(cfg: dict, spec: str, tag: str, data: tuple, device: torch.device) -> torch.nn.Module:
+def train_model(run: Run, data: Data, device: torch.device) -> torch.nn.Module:
     """Build one model and train it to ``epochs`` (from its checkpoint with --resume); returns the weights to
     evaluate (the EMA's with --ema)."""
-    rank, world = rank_world()
-    out, (train_ds, eval_set, num_classes) = Path(cfg["output"]), data
-    runs.seed_everything(cfg["seed"])
-    model = config.build_model(cfg, spec, num_classes).to(device)
-    if cfg["eval_only"]:
+    settings, out, (rank, world) = run.settings, Path(run.settings.output), rank_world()
+    seed_everything(settings.seed)
+    model = build_model(settings, run.spec, data.num_classes).to(device)
+    if settings.eval_only:
         return model
     ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
-    runs.seed_everything(cfg["seed"] + rank)  # same weights on every rank (DDP syncs them), own dropout/mixup draws
-    training = make_training(cfg, model, num_classes, steps=max(len(train_ds) // world // cfg["batch_size"], 1))
-    checkpoint, start = checkpoint_path(cfg, tag), 0
-    if cfg["resume"] and checkpoint.exists():
+    seed_everything(settings.seed + rank)  # same weights on every rank (DDP syncs them), own dropout/mixup draws
+    steps = max(len(data.train) // world // settings.batch_size, 1)
+    training = make_training(settings, model, data.num_classes, steps)
+    checkpoint, start = run.folder / "checkpoint.pt", 0
+    if settings.resume and checkpoint.exists():
         start = resume_from(checkpoint, model, training)
         if rank == 0:
-            print(f"[{tag}] resumed after epoch {start} of {cfg['epochs']}", flush=True)
-    if cfg["resume"] and rank == 0:
-        runs.drop_log_rows(out / "log.csv", tag, after=start)
-    for epoch in range(start, cfg["epochs"]):
+            print(f"[{run.tag}] resumed after epoch {start} of {settings.epochs}", flush=True)
+    if settings.resume and rank == 0:
+        drop_log_rows(out / "log.csv", run.tag, after=start)
+    for epoch in range(start, settings.epochs):
         t0 = time.time()
-        loader = make_loader(train_ds, cfg, True, epoch)
-        train_loss, train_top1 = train_one_epoch(model, ddp, loader, training, cfg, epoch, device, tag)
+        loader = make_loader(data.train, settings, True, epoch)
+        train_loss, train_top1 = train_one_epoch(model, ddp, loader, training, run, epoch, device)
         broken = [n for n, p in model.named_parameters() if not torch.isfinite(p).all()]
         if broken:
-            stop(tag, f"weights became non-finite in epoch {epoch + 1} ({broken[:3]}...)", checkpoint)
+            stop(run.tag, f"weights became non-finite in epoch {epoch + 1} ({broken[:3]}...)", checkpoint)
         evaluated = training.ema.module if training.ema is not None else model
-        val = validate(evaluated, make_loader(eval_set(cfg["img_size"], "resize"), cfg, False, 0), device, cfg["amp"])
+        val_loader = make_loader(data.eval_set(settings.img_size, "resize"), settings, False, 0)
+        val = validate(evaluated, val_loader, device, settings.amp)
         if not math.isfinite(val["loss"]):
-            stop(tag, f"the validation loss became {val['loss']} after epoch {epoch + 1}", checkpoint)
-        rngs = runs.all_rng_states()  # every rank's, so that each resumes its own draws
+            stop(run.tag, f"the validation loss became {val['loss']} after epoch {epoch + 1}", checkpoint)
+        rngs = all_rng_states()  # every rank's, so that each resumes its own draws
         if rank == 0:
             lr = training.optimizer.param_groups[0]["lr"]
-            row = dict(model=tag, epoch=epoch + 1, train_loss=train_loss, train_top1=train_top1,
+            row = dict(model=run.tag, epoch=epoch + 1, train_loss=train_loss, train_top1=train_top1,
                        val_loss=val["loss"], val_top1=val["top1"], lr=lr, seconds=time.time() - t0)  # fmt: skip
-            log_epoch(out, cfg, row)
-            save_checkpoint(cfg, tag, model, training, epoch, rngs)
+            log_epoch(out, run, row)
+            ema = training.ema.state_dict() if training.ema is not None else None  # timm's key: its loader reads it
+            state = dict(model=model.state_dict(), optimizer=training.optimizer.state_dict(), model_ema=ema,
+                         epoch=epoch, rng=rngs)  # fmt: skip
+            save_checkpoint(run.folder, state, evaluated)
         if dist.is_initialized():
             dist.barrier()
     if training.ema is not None:
@@ -365,10 +399,18 @@ def train_model(cfg: dict, spec: str, tag: str, data: tuple, device: torch.devic
     return model
 
 
-def log_epoch(out: Path, cfg: dict, row: dict) -> None:
-    runs.append_csv(out / "log.csv", row)
+def save_checkpoint(folder: Path, state: dict, evaluated: torch.nn.Module) -> None:
+    """The evaluated weights (model.safetensors) and the resume state (checkpoint.pt), each written atomically."""
+    folder.mkdir(exist_ok=True)
+    weights = {k: v.detach().cpu().contiguous() for k, v in evaluated.state_dict().items()}
+    atomic_write(folder / "model.safetensors", save_file, weights)
+    atomic_write(folder / "checkpoint.pt", torch.save, state)
+
+
+def log_epoch(out: Path, run: Run, row: dict) -> None:
+    append_csv(out / "log.csv", row)
     print(
-        f"[{row['model']}] epoch {row['epoch']}/{cfg['epochs']}  "
+        f"[{row['model']}] epoch {row['epoch']}/{run.settings.epochs}  "
         f"train loss {row['train_loss']:.3f} acc {row['train_top1']:.1f}  "
         f"val loss {row['val_loss']:.3f} acc {row['val_top1']:.1f}  ({row['seconds']:.0f}s)",
         flush=True,
@@ -376,29 +418,23 @@ def log_epoch(out: Path, cfg: dict, row: dict) -> None:
 
 
 # ------------------------------------------------------------------------------------------------- evaluation
-def scaling_modes(model: torch.nn.Module, modes: list[str]) -> list[str]:
-    """The ``--rope-scaling`` modes that apply to this model ('-' for a model without RoPE)."""
-    own = model.rope_scaling_modes() if hasattr(model, "rope_scaling_modes") else ()
-    return [m for m in modes if m in own] if own else ["-"]
-
-
-def eval_jobs(cfg: dict, modes: list[str]) -> list[tuple[str, int, str]]:
+def eval_jobs(settings: Settings, modes: list[str]) -> list[tuple[str, int, str]]:
     """(protocol, eval size, scaling mode) of every result row of one model, in order."""
-    native = cfg["native_eval"] and cfg["dataset"] in ("synthetic", "synthetic_video")
-    return [(p, s, m) for p in ["resize"] + ["native"] * native for s in cfg["eval_sizes"] for m in modes]
+    native = settings.native_eval and settings.dataset in ("synthetic", "synthetic_video")
+    return [(p, s, m) for p in ["resize"] + ["native"] * native for s in settings.eval_sizes for m in modes]
 
 
-def evaluate_resolutions(run: runs.Run, model, eval_set, modes: list[str], device) -> list[dict]:
+def evaluate_resolutions(run: Run, model, data: Data, modes: list[str], device) -> list[dict]:
     """One result row per eval size, protocol and RoPE scaling mode."""
-    cfg, params = run.cfg, sum(p.numel() for p in model.parameters())
+    settings, params = run.settings, sum(p.numel() for p in model.parameters())
     rows = []
     bar = dict(desc=f"{run.tag} eval", disable=None if rank_world()[0] == 0 else True, leave=False)
-    for protocol, size, mode in tqdm(eval_jobs(cfg, modes), **bar):
+    for protocol, size, mode in tqdm(eval_jobs(settings, modes), **bar):
         if mode != "-":
             model.set_rope_scaling(mode)
-        r = validate(model, make_loader(eval_set(size, protocol), cfg, False, 0), device, cfg["amp"])
+        r = validate(model, make_loader(data.eval_set(size, protocol), settings, False, 0), device, settings.amp)
         rows.append(
-            dict(model=run.model, recipe=run.recipe, seed=run.seed, train_size=cfg["img_size"], eval_size=size,
+            dict(model=run.model, recipe=run.recipe, seed=run.seed, train_size=settings.img_size, eval_size=size,
                  protocol=protocol, rope_scaling=mode, top1=round(r["top1"], 2), top5=round(r["top5"], 2),
                  loss=round(r["loss"], 4), params=params)
         )  # fmt: skip
@@ -407,51 +443,56 @@ def evaluate_resolutions(run: runs.Run, model, eval_set, modes: list[str], devic
     return rows
 
 
-def model_results(run: runs.Run, checked: tuple, trained: int, device) -> list[dict]:
-    """One run's result rows: a resumed run's, when they are what the config asks of weights trained for
+def model_results(run: Run, checked: tuple[Data, list[str]], trained: int, device) -> list[dict]:
+    """One run's result rows: a resumed run's, when they are what the settings ask of weights trained for
     ``epochs``; else the model trained (on) and evaluated."""
-    (data, modes), rank, cfg, tag = checked, rank_world()[0], run.cfg, run.tag
-    done = model_dir(Path(cfg["output"]), tag) / "results.json"
-    if cfg["resume"] and done.exists() and (cfg["eval_only"] or trained == cfg["epochs"]):
-        # rows of a train.py before recipes and seeds lack those columns: they come first, as in new rows
-        first = {"model": run.model, "recipe": run.recipe, "seed": run.seed}
-        rows = [{**first, **r} for r in json.loads(done.read_text())]
-        if [(r["protocol"], r["eval_size"], r["rope_scaling"]) for r in rows] == eval_jobs(cfg, modes):
+    (data, modes), rank, settings = checked, rank_world()[0], run.settings
+    done = run.folder / "results.json"
+    if settings.resume and done.is_file() and (settings.eval_only or trained == settings.epochs):
+        try:
+            rows = json.loads(done.read_text())
+            kept = [(r["protocol"], r["eval_size"], r["rope_scaling"]) for r in rows] == eval_jobs(settings, modes)
+        except (ValueError, TypeError, KeyError):  # a damaged file: evaluate again
+            kept = False
+        if kept:
             if rank == 0:
-                print(f"[{tag}] finished earlier; its results are kept", flush=True)
+                print(f"[{run.tag}] finished earlier; its results are kept", flush=True)
             return rows
         if rank == 0:
-            print(f"[{tag}] the evaluation settings changed: evaluating its saved weights again", flush=True)
-    model = train_model(cfg, run.spec, tag, data, device)
+            print(f"[{run.tag}] the evaluation settings changed: evaluating its saved weights again", flush=True)
+    model = train_model(run, data, device)
     t0 = time.time()
-    rows = evaluate_resolutions(run, model, data[1], modes, device)
+    rows = evaluate_resolutions(run, model, data, modes, device)
     if rank == 0:
-        done.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(done, runs.write_json, rows)
+        run.folder.mkdir(exist_ok=True)  # an --eval-only run trained nothing into it
+        atomic_write(done, write_json, rows)
         summary = ", ".join(f"{r['eval_size']}px/{r['protocol']}/{r['rope_scaling']}: {r['top1']:.1f}" for r in rows)
-        print(f"[{tag}] evaluated in {time.time() - t0:.0f}s: {summary}", flush=True)
+        print(f"[{run.tag}] evaluated in {time.time() - t0:.0f}s: {summary}", flush=True)
     return rows
 
 
 # ------------------------------------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> list[dict]:
     # every check first: a command that fails leaves --output as it was
-    cfg, given = parse_config(argv)
-    cfg = config.resumed_config(cfg, given)
-    config.check_config(cfg)
+    settings = resumed(*parse_config(argv))
+    import_modules(settings.imports)  # families and models of the user's own, before any model is named
+    resolve_device(settings.device)
+    if settings.initial_checkpoint and not os.path.isfile(settings.initial_checkpoint):
+        raise SystemExit(f"error: --initial-checkpoint {settings.initial_checkpoint!r} does not exist")
     one_process = int(os.environ.get("WORLD_SIZE", "1")) == 1
-    if config.resolve_device(cfg["device"]).type == "cpu" and one_process and "OMP_NUM_THREADS" not in os.environ:
+    if resolve_device(settings.device).type == "cpu" and one_process and "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(os.cpu_count() or 1)
-    plan = runs.plan_runs(cfg)
-    trained = runs.check_epochs(cfg, [run.tag for run in plan])
+    plan = plan_runs(settings)
+    earlier = check_folder(settings, plan)
+    trained = check_epochs(settings, plan)
     checked = preflight(plan)
 
-    device = runs.setup_distributed(config.resolve_device(cfg["device"]))
+    device = setup_distributed(resolve_device(settings.device))
     rank = rank_world()[0]
-    out = Path(cfg["output"])
-    with runs.locked(out) if rank == 0 else nullcontext():
+    out = Path(settings.output)
+    with locked(out) if rank == 0 else nullcontext():
         if rank == 0:
-            runs.start_run(cfg)
+            start_run(settings, plan, earlier)
         if dist.is_initialized():
             dist.barrier()
         rows: list[dict] = []
@@ -460,12 +501,27 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 print(f"run {i + 1}/{len(plan)}: {run.tag}", flush=True)
             rows += model_results(run, checked[run.tag], trained[run.tag], device)
         if rank == 0:
-            write_results(rows, out, cfg["img_size"], cfg["dataset"])
+            data = checked[plan[0].tag][0]
+            about = f"{settings.dataset}, trained at {settings.img_size} px for {settings.epochs} epochs"
+            write_results(rows, out, settings.img_size, about, chance=100 / data.num_classes)
             print((out / "results.md").read_text())
-            print(f"wrote {', '.join(str(out / f) for f in runs.RESULT_FILES)}")
+            print(f"wrote {', '.join(str(out / f) for f in RESULT_FILES)}")
     if dist.is_initialized():
         dist.destroy_process_group()
     return rows
+
+
+def start_run(settings: Settings, plan: list[Run], earlier: list[Path]) -> None:
+    """Before the runs: the result files go (they are written when every run has ended, so that the ones in a folder
+    always come from its config.yaml); a fresh run also removes its runs' own resume state and log, and with
+    --overwrite the earlier run's files (by name, never a glob); then config.yaml is written."""
+    out, start = Path(settings.output), settings.initial_checkpoint
+    keep = Path(start).resolve() if start else None  # --initial-checkpoint may be an earlier run's weights
+    if settings.resume:
+        remove_run_files(out, [], RESULT_FILES)
+    else:
+        remove_run_files(out, [*earlier, *(run.folder for run in plan)], RUN_FILES, keep=keep)
+    atomic_write(out / "config.yaml", lambda s, p: Path(p).write_text(s.to_yaml()), settings)
 
 
 if __name__ == "__main__":

@@ -13,9 +13,10 @@ import yaml
 
 import train
 from tests.test_train import Killed, interrupt, make_imagefolder, read_csv, same_run
-from vit_rope import data as D
-from vit_rope import report, runs, train_config
-from vit_rope.idx import IdxImages, read_idx
+from vit_rope.training import data as D
+from vit_rope.training import models, plan, report
+from vit_rope.training.folder import run_folder
+from vit_rope.training.idx import IdxImages, read_idx
 
 KWARGS = ["--model-kwargs", "patch_size=8", "depth=1", "embed_dim=32", "num_heads=2"]
 SMALL = [
@@ -28,15 +29,15 @@ RECIPES = ["--recipes", "single-res={}", "multi-res={train_sizes: [8, 16, 24]}"]
 def spy_on_training_sizes(monkeypatch) -> dict:
     """(spec, recipe's train_sizes, seed) → the input sizes each model built for that run met while training."""
     seen: dict = {}
-    build = train.config.build_model
+    build = train.build_model
 
-    def build_model(cfg, spec, num_classes):
-        model = build(cfg, spec, num_classes)
-        sizes = seen.setdefault((spec, tuple(cfg["train_sizes"]), cfg["seed"]), [])
+    def build_model(settings, spec, num_classes):
+        model = build(settings, spec, num_classes)
+        sizes = seen.setdefault((spec, tuple(settings.train_sizes), settings.seed), [])
         model.register_forward_pre_hook(lambda m, args: sizes.append(args[0].shape[-1]) if m.training else None)
         return model
 
-    monkeypatch.setattr(train.config, "build_model", build_model)
+    monkeypatch.setattr(train, "build_model", build_model)
     return seen
 
 
@@ -126,10 +127,9 @@ def test_coordinate_augmentation_and_other_kwargs_come_from_a_config(tmp_path):
         img_size=16, recipes={"plain": {}, "dinov3": {"model_kwargs": {"rope_jitter": 1.4, "rope_rescale": 2.0}}},
     )))  # fmt: skip
     cfg, _ = train.parse_config(["--config", str(path), "--output", str(tmp_path / "out")])
-    train_config.check_config(cfg)
     x = torch.randn(2, 3, 16, 16)
-    for run in runs.plan_runs(cfg):
-        model = train_config.build_model(run.cfg, run.spec, num_classes=8).train()
+    for run in plan.plan_runs(cfg):
+        model = models.build_model(run.settings, run.spec, num_classes=8).train()
         dinov3 = run.recipe == "dinov3"
         assert (model.position_encoding.shift, model.position_encoding.jitter, model.position_encoding.rescale) == (
             (0.5, 1.4, 2.0) if dinov3 else (0.5, None, None)
@@ -171,9 +171,9 @@ def test_seeds_in_a_config_file_and_seed_on_the_command_line(tmp_path):
     """The command line overrides the file: --seed there means that one seed; a file naming both is refused."""
     path = tmp_path / "c.yaml"
     path.write_text("seeds: [0, 1, 2]\n")
-    assert train.parse_config(["--config", str(path)])[0]["seeds"] == [0, 1, 2]
+    assert train.parse_config(["--config", str(path)])[0].seeds == (0, 1, 2)
     cfg, _ = train.parse_config(["--config", str(path), "--seed", "5"])
-    assert [(r.seed, r.tag) for r in runs.plan_runs(cfg)][:1] == [(5, "vit_ape_tiny")]
+    assert [(r.seed, r.tag) for r in plan.plan_runs(cfg)][:1] == [(5, "vit_ape_tiny")]
     path.write_text("seed: 3\nseeds: [0, 1]\n")
     with pytest.raises(SystemExit, match="c.yaml' gives both seed and seeds"):
         train.parse_config(["--config", str(path)])
@@ -191,7 +191,7 @@ def test_timm_models_train_and_evaluate_in_the_harness(tmp_path):
     ]
     # --eval-only of the saved weights (as of a published checkpoint) gives the numbers of the end of training
     eva = TIMM_MODELS[1]
-    weights = runs.model_dir(tmp_path / "run", eva) / "model.safetensors"
+    weights = run_folder(tmp_path / "run", eva) / "model.safetensors"
     again = train.main(["--models", eva, *args, "--eval-only", "--initial-checkpoint", str(weights),
                         "--output", str(tmp_path / "again")])  # fmt: skip
     assert again == [r for r in rows if r["model"] == eva]

@@ -15,13 +15,13 @@ sorted names give their order (e.g. ``ffmpeg -i v.mp4 clip/%05d.jpg``); frames a
 evaluation) size and ``num_frames`` frames are sampled evenly.
 """
 
-from __future__ import annotations
-
 import math
 import os
 from collections.abc import Callable, Sequence
 from functools import partial
+from typing import NamedTuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from PIL import Image
@@ -29,11 +29,13 @@ from timm.data import create_transform
 from torch import Tensor
 from torch.utils.data import Dataset
 from torchvision.datasets import ImageFolder
+from tqdm import tqdm
 
 from .idx import IdxImages, idx_files
 
 IMAGE_DATASETS = ("synthetic", "cifar10", "cifar100", "mnist", "fashion_mnist", "imagefolder")
 VIDEO_DATASETS = ("synthetic_video", "clipfolder")
+DATASETS = IMAGE_DATASETS + VIDEO_DATASETS
 DIRECTIONS = ("E", "NE", "N", "NW", "W", "SW", "S", "SE")
 
 
@@ -227,9 +229,16 @@ class ClipFolder(Dataset):
     def __len__(self):
         return len(self.samples)
 
+    def frames(self, path: str) -> list[str]:
+        """A clip's frame files, in the order of their sorted names."""
+        return sorted(f for f in os.listdir(path) if f.lower().endswith(self.EXTENSIONS))
+
+    def image_paths(self) -> list[str]:
+        return [os.path.join(path, f) for path, _ in self.samples for f in self.frames(path)]
+
     def __getitem__(self, index):
         path, label = self.samples[index]
-        frames = sorted(f for f in os.listdir(path) if f.lower().endswith(self.EXTENSIONS))
+        frames = self.frames(path)
         if not frames:
             raise ValueError(f"clip {path!r} has no frames ({', '.join(self.EXTENSIONS)})")
         pick = torch.linspace(0, len(frames) - 1, self.num_frames).round().long().tolist()
@@ -239,7 +248,7 @@ class ClipFolder(Dataset):
                 img = Image.open(os.path.join(path, frames[i])).convert("RGB")
             except OSError as e:
                 raise ValueError(f"cannot read frame {os.path.join(path, frames[i])!r}: {e}") from e
-            t = torch.from_numpy(__import__("numpy").asarray(img).copy()).permute(2, 0, 1).float() / 255
+            t = torch.from_numpy(np.asarray(img).copy()).permute(2, 0, 1).float() / 255
             out.append(
                 F.interpolate(t[None], size=self.img_size, mode="bilinear", antialias=True, align_corners=False)[0]
             )
@@ -287,6 +296,9 @@ class CheckedImageFolder(Dataset):
 
     def __len__(self) -> int:
         return len(self.inner)
+
+    def image_paths(self) -> list[str]:
+        return [path for path, _ in self.inner.samples]
 
     def __getitem__(self, index: int):
         path = self.inner.samples[index][0]
@@ -382,15 +394,15 @@ class ValidationAt(Dataset):
         return self.transform(x), y
 
 
-def image_transforms(cfg: dict, dc: dict) -> tuple[Callable, Callable[[int], Callable]]:
-    """timm's training transform at ``img_size`` (train.py's augmentation keys), and the eval transform at a size."""
+def image_transforms(settings, dc: dict) -> tuple[Callable, Callable[[int], Callable]]:
+    """timm's training transform at ``img_size`` (the settings' augmentation), and the eval transform at a size."""
     train_tf = create_transform(
-        input_size=(3, cfg["img_size"], cfg["img_size"]),
+        input_size=(3, settings.img_size, settings.img_size),
         is_training=True,
-        no_aug=cfg["no_aug"],
-        hflip=cfg["hflip"],
-        scale=tuple(cfg["scale"]),
-        auto_augment=cfg["auto_augment"],
+        no_aug=not settings.aug,
+        hflip=settings.hflip,
+        scale=settings.scale,
+        auto_augment=settings.auto_augment,
         interpolation="bicubic",
         mean=dc["mean"],
         std=dc["std"],
@@ -405,64 +417,64 @@ def image_transforms(cfg: dict, dc: dict) -> tuple[Callable, Callable[[int], Cal
     return train_tf, eval_tf
 
 
-def build_data(cfg: dict, dc: dict) -> tuple[Dataset | None, EvalSets, int]:
-    """The training set (None with ``eval_only`` where there is none), a factory ``(size, protocol) -> eval
-    dataset``, and the number of classes, for train.py's config ``cfg``; ``dc`` is the model's data config (its
-    normalisation). ``train_subset`` and ``val_subset`` keep a fixed part of each split."""
-    train, eval_set, num_classes = all_data(cfg, dc)
+class Data(NamedTuple):
+    """A run's data: the training set (None with ``eval_only`` where there is none), the validation set at an
+    evaluation size and protocol, and the number of classes."""
+
+    train: Dataset | None
+    eval_set: EvalSets
+    num_classes: int
+
+
+def build_data(settings, dc: dict) -> Data:
+    """The data of a train.py run (``dc``: the model's data config, its normalisation); ``train_subset`` and
+    ``val_subset`` keep a fixed part of each split."""
+    train, eval_set, num_classes = all_data(settings, dc)
     if train is not None:
-        train = fixed_subset(train, cfg["train_subset"])
-    return train, (lambda size, protocol: fixed_subset(eval_set(size, protocol), cfg["val_subset"])), num_classes
+        train = fixed_subset(train, settings.train_subset)
+    return Data(train, lambda size, protocol: fixed_subset(eval_set(size, protocol), settings.val_subset), num_classes)
 
 
-def data_key(cfg: dict, dc: dict) -> str:
-    """What can tell apart the data of two runs of one config, which share everything else: the augmentation (a
-    recipe may change it), the seed where it draws the built-in scenes, the model's normalisation."""
-    seed = cfg["seed"] if cfg["dataset"] in ("synthetic", "synthetic_video") else None
-    return repr(([cfg[k] for k in ("no_aug", "hflip", "scale", "auto_augment")], seed, dc["mean"], dc["std"]))
-
-
-def all_data(cfg: dict, dc: dict) -> tuple[Dataset | None, EvalSets, int]:
+def all_data(settings, dc: dict) -> Data:
     """``build_data`` before the subsets."""
-    name, root = cfg["dataset"], cfg["data_dir"]
-    if name not in IMAGE_DATASETS + VIDEO_DATASETS:
-        raise ValueError(f"unknown dataset {name!r}; choose one of {IMAGE_DATASETS + VIDEO_DATASETS}")
+    name, root = settings.dataset, settings.data_dir
     if name == "synthetic_video":
-        kw = dict(
-            img_size=cfg["img_size"], num_frames=cfg["num_frames"], seed=cfg["seed"], mean=dc["mean"], std=dc["std"]
-        )
-        train = SyntheticMotion(cfg["train_samples"], split="train", **kw)
-        val = SyntheticMotion(cfg["val_samples"], split="val", **kw)
+        kw = dict(img_size=settings.img_size, num_frames=settings.num_frames, seed=settings.seed, mean=dc["mean"],
+                  std=dc["std"])  # fmt: skip
+        train = SyntheticMotion(settings.train_samples, split="train", **kw)
+        val = SyntheticMotion(settings.val_samples, split="val", **kw)
 
         def clips(size, protocol):
             if protocol == "native":
                 return ValidationAt(val, size, True, Standardize(dc["mean"], dc["std"]))
             return ValidationAt(val, size, False, partial(resize_clip, size=size))
 
-        return train, clips, val.num_classes
+        return Data(train, clips, val.num_classes)
     if name in ("imagefolder", "clipfolder"):
-        return folder_data(cfg, dc)
-    train_tf, eval_tf = image_transforms(cfg, dc)
+        return folder_data(settings, dc)
+    train_tf, eval_tf = image_transforms(settings, dc)
     if name == "synthetic":
-        train = SyntheticScenes(cfg["train_samples"], cfg["img_size"], cfg["seed"], "train", transform=train_tf)
-        val = SyntheticScenes(cfg["val_samples"], cfg["img_size"], cfg["seed"], "val")
+        scenes = partial(SyntheticScenes, img_size=settings.img_size, seed=settings.seed)
+        train = scenes(settings.train_samples, split="train", transform=train_tf)
+        val = scenes(settings.val_samples, split="val")
 
         def make(size, protocol):
             if protocol == "native":
                 return ValidationAt(val, size, True, Standardize(dc["mean"], dc["std"]))
-            return SyntheticScenes(cfg["val_samples"], cfg["img_size"], cfg["seed"], "val", transform=eval_tf(size))
+            return scenes(settings.val_samples, split="val", transform=eval_tf(size))
 
-        return train, make, val.num_classes
-    train = None if cfg["eval_only"] else Transformed(torchvision_dataset(name, root, True), train_tf)
+        return Data(train, make, val.num_classes)
+    train = None if settings.eval_only else Transformed(torchvision_dataset(name, root, True), train_tf)
     val = torchvision_dataset(name, root, False)
-    return train, (lambda s, p: Transformed(val, eval_tf(s))), len(val.classes)
+    return Data(train, lambda s, p: Transformed(val, eval_tf(s)), len(val.classes))
 
 
-def folder_data(cfg: dict, dc: dict) -> tuple[Dataset | None, EvalSets, int]:
+def folder_data(settings, dc: dict) -> Data:
     """``build_data`` for ``imagefolder`` and ``clipfolder``: every split numbered as the training split (torchvision
     sorts each folder's classes on its own), the class count from it (from val with eval_only and no train/), and
-    clips read from their frames at each evaluation size."""
-    name, root = cfg["dataset"], cfg["data_dir"]
+    clips read from their frames at each evaluation size. Every file is opened once now (its header read), so that a
+    broken one stops the run before it starts, naming the file."""
+    name, root = settings.dataset, settings.data_dir
     layout = (
         "root/train/<class>/ and root/val/<class>/"
         if name == "imagefolder"
@@ -470,10 +482,10 @@ def folder_data(cfg: dict, dc: dict) -> tuple[Dataset | None, EvalSets, int]:
     )
     train_root, val_root = os.path.join(root, "train"), os.path.join(root, "val")
     for split in (train_root, val_root):
-        if not os.path.isdir(split) and not (split == train_root and cfg["eval_only"]):
+        if not os.path.isdir(split) and not (split == train_root and settings.eval_only):
             raise FileNotFoundError(f"{split!r} is missing; {name} needs {layout}")
     if name == "imagefolder":
-        train_tf, eval_tf = image_transforms(cfg, dc)
+        train_tf, eval_tf = image_transforms(settings, dc)
 
         def make(root: str, size: int, class_to_idx: dict | None = None, train: bool = False) -> Dataset:
             return CheckedImageFolder(root, train_tf if train else eval_tf(size), class_to_idx)
@@ -481,15 +493,34 @@ def folder_data(cfg: dict, dc: dict) -> tuple[Dataset | None, EvalSets, int]:
 
         def make(root: str, size: int, class_to_idx: dict | None = None, train: bool = False) -> Dataset:
             # read at the requested size: resizing clips already shrunk to img_size would upsample them
-            return ClipFolder(root, size, cfg["num_frames"], dc["mean"], dc["std"], class_to_idx)
+            return ClipFolder(root, size, settings.num_frames, dc["mean"], dc["std"], class_to_idx)
 
     train = None
-    if not cfg["eval_only"]:
-        train = make(train_root, cfg["img_size"], train=True)
+    if not settings.eval_only:
+        train = make(train_root, settings.img_size, train=True)
         class_to_idx = train.class_to_idx
+        check_files(train, train_root)
     elif os.path.isdir(train_root):  # evaluating a model trained on this folder: its numbering
         class_to_idx = class_folders(train_root)
     else:
-        class_to_idx = make(val_root, cfg["img_size"]).class_to_idx
-    make(val_root, cfg["img_size"], class_to_idx)  # a val class training never saw is an error now, not after training
-    return train, (lambda s, p: make(val_root, s, class_to_idx)), len(class_to_idx)
+        class_to_idx = make(val_root, settings.img_size).class_to_idx
+    if len(class_to_idx) < 2:
+        raise ValueError(
+            f"{root!r} has {len(class_to_idx)} class folder(s) ({sorted(class_to_idx)}): a classifier needs at least "
+            f"two, one folder each in {name}'s {layout}"
+        )
+    val = make(val_root, settings.img_size, class_to_idx)  # a val class training never saw is an error now
+    check_files(val, val_root)
+    return Data(train, lambda s, p: make(val_root, s, class_to_idx), len(class_to_idx))
+
+
+def check_files(ds: Dataset, root: str) -> None:
+    """Open every image (every frame of every clip) of a folder dataset and read its header: one broken file stops
+    the run before it starts, naming the file, rather than in the middle of an epoch."""
+    paths = ds.image_paths()
+    for path in tqdm(paths, desc=f"checking {root}", disable=None, leave=False):
+        try:
+            with Image.open(path) as img:
+                img.size  # noqa: B018 (the header is read here)
+        except OSError as e:  # PIL's UnidentifiedImageError is an OSError
+            raise ValueError(f"cannot read image {path!r}: {e}; delete or replace the file") from None

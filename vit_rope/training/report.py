@@ -1,13 +1,11 @@
 """train.py's results: results.csv (a row per run, eval size, protocol and RoPE scaling mode), results.md (top-1,
 mean ± std over seeds), and two figures: accuracy_vs_resolution.png and extrapolation.png."""
 
-from __future__ import annotations
-
 import math
 import statistics
 from pathlib import Path
 
-from .runs import write_csv
+from .folder import write_csv
 
 SCALING_LABELS = {
     "none": "none",
@@ -25,14 +23,15 @@ Curve = tuple[str, str, str]  # (model, recipe, RoPE scaling mode)
 Summary = dict[str, dict[Curve, dict[int, dict]]]  # protocol → curve → eval size → mean, std, n, params
 
 
-def write_results(rows: list[dict], out: Path, train_size: int, dataset: str) -> None:
-    """``rows`` (one per run, eval size, protocol and RoPE scaling mode) as the four result files in ``out``."""
+def write_results(rows: list[dict], out: Path, train_size: int, about: str, chance: float | None = None) -> None:
+    """``rows`` (one per run, eval size, protocol and RoPE scaling mode) as the four result files in ``out``;
+    ``about`` (the data, training size and epochs) titles the figures, which mark ``chance`` (top-1 of a guess, %)."""
     write_csv(rows, str(out / "results.csv"))
     summary = summarise(rows)
     (out / "results.md").write_text(headline_table(summary, train_size) + "\n" + markdown_tables(summary, train_size))
     plt = pyplot()
     for figure, name in ((accuracy_figure, "accuracy_vs_resolution.png"), (extrapolation_figure, "extrapolation.png")):
-        fig = figure(summary, train_size, dataset)
+        fig = figure(summary, train_size, about, chance)
         fig.savefig(out / name)
         plt.close(fig)
 
@@ -82,30 +81,49 @@ def nearest(sizes, size: int) -> int:
     return min(sizes, key=lambda s: (abs(s - size), s))
 
 
+def sides(sizes, train_size: int) -> tuple[int | None, int | None, int | None]:
+    """The evaluated sizes that stand for 0.5x, 1x and 2x the training size: the nearest to 0.5x below it, the
+    training size itself, the nearest to 2x above it; None where no evaluated size is there (a column for a size not
+    evaluated is left out, not filled with another)."""
+    below, above = [s for s in sizes if s < train_size], [s for s in sizes if s > train_size]
+    low = nearest(below, round(train_size / 2)) if below else None
+    high = nearest(above, train_size * 2) if above else None
+    return low, (train_size if train_size in sizes else None), high
+
+
 def headline_table(summary: Summary, train_size: int) -> str:
-    """A row per (model, recipe) under the scaling mode with the best mean top-1 at 2x the training size (protocol
-    'resize', else the first): top-1 at 0.5x, 1x and 2x (the nearest evaluated sizes) and 2x against 1x."""
+    """A row per (model, recipe) under the scaling mode with the best mean top-1 at about 2x the training size
+    (protocol 'resize', else the first): top-1 at the sizes that stand for 0.5x, 1x and 2x (:func:`sides`) and 2x
+    against 1x."""
     protocol = "resize" if "resize" in summary else next(iter(summary))
     curves = summary[protocol]
-    sizes = sorted({s for cells in curves.values() for s in cells})
-    low, base, high = (nearest(sizes, round(train_size * f)) for f in (0.5, 1, 2))
+    low, base, high = sides(sorted({s for cells in curves.values() for s in cells}), train_size)
+    judge = high if high is not None else base  # where the best scaling mode is chosen
     best: dict[tuple[str, str], tuple[str, dict]] = {}
     for (model, recipe, mode), cells in curves.items():
-        if high in cells and (
-            (model, recipe) not in best or cells[high]["mean"] > best[model, recipe][1][high]["mean"]
-        ):
+        mean = cells.get(judge, {}).get("mean", -math.inf)
+        if (model, recipe) not in best or mean > best[model, recipe][1].get(judge, {}).get("mean", -math.inf):
             best[model, recipe] = (mode, cells)
-    head = ["model", "recipe", "best scaling at 2x", f"{low} px", f"{base} px", f"{high} px", f"{high} / {base}"]
+    columns = [s for s in (low, base, high) if s is not None]
+    at = "2x" if high is not None else "the training size"
+    head = ["model", "recipe", f"best scaling at {at}", *(f"{s} px" for s in columns)]
+    head += [f"{high} / {base}"] if high is not None and base is not None else []
     lines = [
-        f"**Headline: top-1 (%) at about 0.5x, 1x and 2x the training size ({train_size} px), protocol `{protocol}`, "
-        "each model and recipe under its scaling mode with the best mean at 2x**\n",
+        f"**Headline: top-1 (%) at the evaluated sizes nearest 0.5x and 2x the training size ({train_size} px) and at "
+        f"it, protocol `{protocol}`, each model and recipe under its scaling mode with the best mean at {at}**\n",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
     ]
     for (model, recipe), (mode, cells) in best.items():
-        ratio = cells[high]["mean"] / cells[base]["mean"] if cells.get(base, {}).get("mean") else math.nan
-        row = [model, recipe or "-", mode, *(cell_text(cells[s]) if s in cells else "" for s in (low, base, high))]
-        lines.append("| " + " | ".join([*row, f"{ratio:.2f}"]) + " |")
+        row = [model, recipe or "-", mode, *(cell_text(cells[s]) if s in cells else "" for s in columns)]
+        if high is not None and base is not None:
+            ratio = (
+                cells[high]["mean"] / cells[base]["mean"]
+                if cells.get(base, {}).get("mean") and high in cells
+                else math.nan
+            )
+            row.append(f"{ratio:.2f}")
+        lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -137,9 +155,33 @@ def colours(curves: list[Curve]) -> dict[tuple[str, str], tuple]:
     return {pair: plt.cm.turbo(i / (len(pairs) - 1)) for i, pair in enumerate(pairs)}
 
 
-def accuracy_figure(summary: Summary, train_size: int, dataset: str):
+def fit(ax, xs: list[float] | None, ys: list[float], chance: float | None) -> None:
+    """Each axis scaled to its data (a margin of 5 %, not down to 0), and the chance level drawn where it falls inside
+    (else said in the axis label)."""
+    for values, set_lim, line, label in ((xs, ax.set_xlim, ax.axvline, ax.get_xlabel),
+                                         (ys, ax.set_ylim, ax.axhline, ax.get_ylabel)):  # fmt: skip
+        if not values:
+            continue
+        low, high = min(values), max(values)
+        pad = max(high - low, 1.0) * 0.05
+        set_lim(low - pad, high + pad)
+        if chance is None:
+            continue
+        if low - pad <= chance <= high + pad:
+            line(chance, color="firebrick", linestyle="--", linewidth=0.8)
+        else:
+            (ax.set_xlabel if line is ax.axvline else ax.set_ylabel)(
+                f"{label()}; chance {chance:.3g} % is off the axis"
+            )
+    if chance is not None:
+        ax.annotate(f"- - chance: {chance:.3g} %", (0.99, 0.01), xycoords="axes fraction", ha="right", va="bottom",
+                    fontsize=7, color="firebrick")  # fmt: skip
+
+
+def accuracy_figure(summary: Summary, train_size: int, about: str, chance: float | None = None):
     """Top-1 against eval size, a panel per protocol: a colour per (model, recipe), a line style per scaling mode,
-    error bars of ± one std over seeds, the training size marked."""
+    error bars of ± one std over seeds, the training size marked; ``about`` (the data, the training size and epochs)
+    titles each panel, and the chance level is marked."""
     plt = pyplot()
     curves = [c for cs in summary.values() for c in cs]
     colour = colours(curves)
@@ -148,56 +190,58 @@ def accuracy_figure(summary: Summary, train_size: int, dataset: str):
         1, len(summary), figsize=(6.5 * len(summary), 5), squeeze=False, layout="constrained", dpi=DPI
     )
     for ax, (protocol, cs) in zip(axes[0], summary.items(), strict=True):
+        ys = []
         for (model, recipe, mode), cells in cs.items():
             sizes = sorted(cells)
-            ax.errorbar(
-                sizes,
-                [cells[s]["mean"] for s in sizes],
-                yerr=[cells[s]["std"] for s in sizes] if seeds else None,
-                color=colour[model, recipe],
-                linestyle=LINE_STYLES.get(mode, "-"),
-                marker="o",
-                markersize=3,
-                capsize=2,
-                linewidth=1.2,
-            )
+            means, stds = [cells[s]["mean"] for s in sizes], [cells[s]["std"] if seeds else 0.0 for s in sizes]
+            ys += [m - d for m, d in zip(means, stds, strict=True)] + [m + d for m, d in zip(means, stds, strict=True)]
+            ax.errorbar(sizes, means, yerr=stds if seeds else None, color=colour[model, recipe],
+                        linestyle=LINE_STYLES.get(mode, "-"), marker="o", markersize=3, capsize=2,
+                        linewidth=1.2)  # fmt: skip
         ax.axvline(train_size, color="gray", linestyle=":", linewidth=1)
         ax.annotate(f"trained at {train_size}", (train_size, 1), xycoords=("data", "axes fraction"), xytext=(3, -12),
                     textcoords="offset points", fontsize=8, color="gray")  # fmt: skip
         ylabel = "top-1 (%)" + (", mean ± std over seeds" if seeds else "")
-        ax.set(title=f"{dataset}: eval protocol '{protocol}'", xlabel="evaluation resolution (px)", ylabel=ylabel)
+        ax.set(title=f"{about}\nevaluated with protocol '{protocol}'", xlabel="evaluation resolution (px)",
+               ylabel=ylabel)  # fmt: skip
+        fit(ax, None, ys, chance)
         ax.grid(alpha=0.3)
     add_legend(fig, colour, [mode for _, _, mode in curves], points=False)
     return fig
 
 
-def extrapolation_figure(summary: Summary, train_size: int, dataset: str):
-    """Top-1 at 0.5x and at 2x the training size against top-1 at it, on protocol 'resize' (else the first): a point
-    per (model, recipe, scaling mode), ± one std over seeds; where a size was not evaluated, the nearest evaluated
-    one stands in, and the axis says so."""
+def extrapolation_figure(summary: Summary, train_size: int, about: str, chance: float | None = None):
+    """Top-1 at about 0.5x and at 2x the training size against top-1 at it, on protocol 'resize' (else the first): a
+    point per (model, recipe, scaling mode), ± one std over seeds; the sizes that stand for 0.5x and 2x are those of
+    :func:`sides` (the axis says which), a side without one has no panel; each axis fitted to its points."""
     plt = pyplot()
     protocol = "resize" if "resize" in summary else next(iter(summary))
     curves = summary[protocol]
-    evaluated = sorted({s for cells in curves.values() for s in cells})
+    low, base, high = sides(sorted({s for cells in curves.values() for s in cells}), train_size)
+    base = base if base is not None else nearest(sorted({s for cells in curves.values() for s in cells}), train_size)
+    panels = [(f, s) for f, s in ((0.5, low), (2, high)) if s is not None]
 
     def at(size: int, wanted: int, what: str) -> str:
         stand_in = "" if size == wanted else f", the nearest evaluated to {wanted} px"
         return f"top-1 (%) at {size} px ({what}{stand_in})"
 
-    colour, base = colours(list(curves)), nearest(evaluated, train_size)
-    fig, axes = plt.subplots(1, 2, figsize=(12, 5.5), layout="constrained", dpi=DPI)
-    for ax, factor in zip(axes, (0.5, 2), strict=True):
-        wanted = round(train_size * factor)
-        other = nearest(evaluated, wanted)
+    colour = colours(list(curves))
+    fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(6 * max(len(panels), 1), 5.5), squeeze=False,
+                             layout="constrained", dpi=DPI)  # fmt: skip
+    for ax, (factor, other) in zip(axes[0], panels, strict=False):
+        xs, ys = [], []
         for (model, recipe, mode), cells in curves.items():
             if base in cells and other in cells:
                 x, y = cells[base], cells[other]
+                xs += [x["mean"] - x["std"], x["mean"] + x["std"]]
+                ys += [y["mean"] - y["std"], y["mean"] + y["std"]]
                 ax.errorbar(x["mean"], y["mean"], xerr=x["std"] or None, yerr=y["std"] or None, capsize=2,
                             color=colour[model, recipe], marker=MARKERS.get(mode, "o"), linestyle="none")  # fmt: skip
         ax.axline((0, 0), slope=1, color="gray", linestyle=":", linewidth=1)  # as accurate as at the training size
         ax.set_xlabel(at(base, train_size, "the training size"))
-        ax.set_ylabel(at(other, wanted, f"{factor:g}x the training size"))
-        ax.set_title(f"{dataset}: {factor:g}x the training size, protocol '{protocol}'")
+        ax.set_ylabel(at(other, round(train_size * factor), f"{factor:g}x the training size"))
+        ax.set_title(f"{about}\n{factor:g}x the training size, protocol '{protocol}'")
+        fit(ax, xs, ys, chance)
         ax.grid(alpha=0.3)
     add_legend(fig, colour, [mode for _, _, mode in curves], points=True)
     return fig

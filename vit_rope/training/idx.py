@@ -5,8 +5,6 @@ The IDX format: a magic number of four bytes (two zero bytes, a code of the elem
 each dimension as a big-endian unsigned 32-bit integer, then the elements in row-major order, big-endian.
 """
 
-from __future__ import annotations
-
 import gzip
 import math
 import os
@@ -74,6 +72,14 @@ class IdxImages(Dataset):
             raise ValueError(
                 f"{paths[0]!r} holds images {self.images.shape} and {paths[1]!r} labels {self.labels.shape}: "
                 "expected (N, H, W) images with N labels; the two files belong to different datasets or splits"
+            )
+        if self.labels.dtype.kind not in "iu":
+            raise ValueError(f"{paths[1]!r} holds {self.labels.dtype} labels, not integers: it is not a labels file")
+        outside = self.labels[(self.labels < 0) | (self.labels >= len(classes))]
+        if outside.size:
+            raise ValueError(
+                f"{paths[1]!r} has labels outside the {len(classes)} classes 0..{len(classes) - 1} (such as "
+                f"{int(outside[0])}): the file belongs to another dataset"
             )
         self.classes = list(classes)
 

@@ -1,0 +1,128 @@
+"""The models a run builds: ``--models`` entries (``name[:key=value,...]``) made with ``timm.create_model``, modules
+of the user's own imported first (``--imports``), the data config each model asks, the sizes it takes, and the
+extrapolation modes it is evaluated under."""
+
+import argparse
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+
+import timm
+import torch
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, resolve_data_config
+
+from .data import VIDEO_DATASETS
+from .settings import Settings, key_value
+from .weights import load_initial_weights, why_unreadable
+
+__all__ = ["build_model", "check_input_sizes", "data_config", "import_modules", "scaling_modes", "split_spec"]
+
+
+def import_modules(names: tuple[str, ...]) -> None:
+    """Import each of ``--imports`` (a dotted module name, or the path of a .py file) so that the families and models
+    it registers exist before the models are built; one line for one that cannot be imported."""
+    for name in names:
+        try:
+            if name.endswith(".py") or "/" in name:
+                path = Path(name).resolve()
+                spec = importlib.util.spec_from_file_location(path.stem, path)
+                if spec is None or not path.is_file():
+                    raise FileNotFoundError(f"no file {path}")
+                module = importlib.util.module_from_spec(spec)
+                sys.modules[path.stem] = module
+                spec.loader.exec_module(module)
+            else:
+                importlib.import_module(name)
+        except Exception as e:  # the user's module failed: say which and why, not where inside it
+            raise SystemExit(f"error: --imports {name!r} cannot be imported ({why_unreadable(e)})") from None
+
+
+def split_spec(spec: str) -> tuple[str, dict]:
+    """``name[:key=value,key=value]``: a registered model with its own overrides of ``model_kwargs``."""
+    name, _, rest = spec.partition(":")
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(rest):  # commas inside [...], {...} or (...) belong to a value such as [8,12,12]
+        depth += (ch in "[{(") - (ch in "]})")
+        if ch == "," and depth <= 0:
+            parts.append(rest[start:i])
+            start = i + 1
+    parts.append(rest[start:])
+    return name, dict(key_value(p) for p in parts if p)
+
+
+def checked_spec(spec: str) -> tuple[str, dict]:
+    """``split_spec`` with one clear error for a model timm does not know or a kwarg it cannot read."""
+    try:
+        name, own = split_spec(spec)
+    except argparse.ArgumentTypeError as e:
+        raise SystemExit(f"error: model {spec!r} in --models: {e}") from None
+    if name not in timm.list_models():
+        ours = timm.list_models(module="vit") + timm.list_models(module="video")
+        raise SystemExit(f"error: unknown model {name!r}; registered here: {ours} and timm's own (timm.list_models())")
+    return name, own
+
+
+def data_config(settings: Settings, spec: str) -> dict:
+    """The model's input normalisation, from its pretrained config (with any ``pretrained_cfg_overlay`` among the
+    model kwargs), as timm's ``resolve_data_config`` reads it off a built model; nothing is built or loaded."""
+    name, own = checked_spec(spec)
+    pretrained = timm.models.get_pretrained_cfg(name)
+    pcfg = pretrained.to_dict() if pretrained is not None else {}
+    pcfg.update({**settings.model_kwargs, **own}.get("pretrained_cfg_overlay") or {})
+    return resolve_data_config({}, pretrained_cfg=pcfg or dict(mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD))
+
+
+def model_args(settings: Settings, spec: str) -> tuple[str, dict]:
+    """The registered name and the kwargs ``timm.create_model`` gets for one ``--models`` entry."""
+    name, own = checked_spec(spec)
+    kwargs = {**settings.model_kwargs, **own}
+    kwargs.setdefault("img_size", settings.img_size)
+    if settings.dataset in VIDEO_DATASETS:
+        kwargs.setdefault("num_frames", settings.num_frames)
+    if settings.drop_path:
+        kwargs.setdefault("drop_path_rate", settings.drop_path)
+    return name, kwargs
+
+
+def build_model(settings: Settings, spec: str, num_classes: int) -> torch.nn.Module:
+    """``timm.create_model`` for one ``--models`` entry, with its --pretrained or --initial-checkpoint weights; a
+    kwarg the model refuses, or weights that cannot be read or do not fit it, is one line naming the model."""
+    name, kwargs = model_args(settings, spec)
+    try:
+        model = timm.create_model(name, pretrained=settings.pretrained, num_classes=num_classes, **kwargs)
+    except (ValueError, TypeError, AssertionError) as e:
+        raise SystemExit(f"error: model {spec} cannot be built with {kwargs}: {e}") from None
+    except Exception as e:  # pretrained weights: a hub out of reach, or a file that cannot be read
+        if not (settings.pretrained or kwargs.get("pretrained_cfg_overlay")):
+            raise
+        raise SystemExit(
+            f"error: the pretrained weights of {spec} cannot be loaded ({why_unreadable(e)}); without network access "
+            "use --initial-checkpoint PATH (a .safetensors file)"
+        ) from None
+    if settings.initial_checkpoint:
+        load_initial_weights(model, settings.initial_checkpoint, settings.dataset in VIDEO_DATASETS, spec)
+    return model
+
+
+def check_input_sizes(settings: Settings, spec: str, model: torch.nn.Module, where: str = "") -> None:
+    """Eval and training sizes a model's patch size does not divide (unless it pads) are an error before any
+    training; ``where`` ends the message (the recipe)."""
+    patch_embed = getattr(model, "patch_embed", None)
+    if patch_embed is None or getattr(patch_embed, "dynamic_img_pad", False):
+        return
+    ph, pw = patch_embed.patch_size[-2:]
+    for key in ("eval_sizes", "train_sizes"):
+        bad = [s for s in getattr(settings, key) if s % ph or s % pw]
+        if bad:
+            pad = "" if settings.dataset in VIDEO_DATASETS else " (or give the model dynamic_img_pad=True to pad)"
+            raise SystemExit(
+                f"error: --{key.replace('_', '-')} {bad} are not multiples of the patch size {ph}x{pw} of {spec}"
+                f"{where}; choose multiples of it{pad}"
+            )
+
+
+def scaling_modes(model: torch.nn.Module, modes: tuple[str, ...]) -> list[str]:
+    """The ``--rope-scaling`` modes that apply to this model ('-' for a model without RoPE)."""
+    own = model.rope_scaling_modes() if hasattr(model, "rope_scaling_modes") else ()
+    return [m for m in modes if m in own] if own else ["-"]

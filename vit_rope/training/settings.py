@@ -1,0 +1,395 @@
+"""train.py's settings: one frozen dataclass whose fields each carry a default, a help line, a group of ``--help``, the
+range of valid values and what ``--resume`` does when the value changes. The flags, the config files (YAML) and the
+resume rules derive from the fields, so a new setting is one field.
+
+Values come from a YAML config file (``--config``, else configs/default.yaml), overridden by flags; every value is
+checked when a :class:`Settings` is made, each problem one line naming the setting (``error: --lr -1.0: lr must be at
+least 0``). Config files are read with ``yaml`` safe loading, and a key given twice is an error.
+"""
+
+import argparse
+import math
+import re
+import typing
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from types import UnionType
+from typing import Any
+
+import yaml
+
+from ..position_encoding import SCALING_MODES
+from .data import DATASETS
+
+__all__ = ["Settings", "parse", "read_yaml", "resumed"]
+
+# What --resume does with a value that differs from the run's config.yaml, so that config.yaml always describes the
+# results: how the run goes just applies (other models or seeds: the runs they add train, the ones they drop leave
+# the results); other evaluation settings evaluate the saved weights again; more epochs train on; any other change
+# would alter what was trained, and is refused.
+APPLIES, EVALUATES, TRAINS_ON, REFUSED = "applies", "evaluates", "trains on", "refused"
+
+
+def setting(default: Any, help: str, *, check=None, must: str = "", resume: str = REFUSED, recipe: bool = False,
+            data: bool = False) -> Any:  # fmt: skip
+    """A field of :class:`Settings`: ``check(value)`` tells a valid value (``must`` says which are); ``resume``: what
+    ``--resume`` does when it changes; ``recipe``: a recipe may set it (it says how a model trains); ``data``: it
+    changes the training data (runs that differ in it load data of their own)."""
+    meta = dict(help=help, check=check, must=must, resume=resume, recipe=recipe, data=data)
+    if isinstance(default, dict):
+        return field(default_factory=dict, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def at_least(low: float):
+    return lambda v: v >= low
+
+
+def between(low: float, high: float, closed: bool = True):
+    return (lambda v: low <= v <= high) if closed else (lambda v: low <= v < high)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every setting of a train.py run (``python train.py --help`` lists them by group)."""
+
+    # data
+    dataset: str = setting("synthetic", f"one of {', '.join(DATASETS)}", check=lambda v: v in DATASETS,
+                           must=f"one of {DATASETS}")  # fmt: skip
+    data_dir: str = setting("data", "dataset root: folders hold {train,val}/<class>/", resume=APPLIES)
+    img_size: int = setting(32, "training resolution (px)", check=at_least(1), must="at least 1")
+    num_frames: int = setting(8, "frames per clip (video datasets)", check=at_least(1), must="at least 1")
+    train_samples: int = setting(4000, "training scenes or clips of the built-in synthetic data", check=at_least(1),
+                                 must="at least 1")  # fmt: skip
+    val_samples: int = setting(1000, "validation scenes or clips of the built-in synthetic data", check=at_least(1),
+                               must="at least 1")  # fmt: skip
+    train_subset: int = setting(0, "train on this many samples of the training split, the same for every seed (0: "
+                                "all)", check=at_least(0), must="at least 0")  # fmt: skip
+    val_subset: int = setting(0, "validate and evaluate on this many validation samples, always the same ones (0: "
+                              "all)", check=at_least(0), must="at least 0")  # fmt: skip
+    workers: int = setting(0, "DataLoader worker processes", check=at_least(0), must="at least 0", resume=APPLIES)
+    # model
+    models: tuple[str, ...] = setting(("vit_ape_tiny", "vit_rope_tiny"), "timm models to compare: name or "
+                                      "name:key=value,...", check=len, must="at least one model",
+                                      resume=APPLIES)  # fmt: skip
+    model_kwargs: dict[str, Any] = setting({}, "kwargs of every model as key=value (values in YAML: "
+                                           "rope_axis_dims=[8,12,12])", recipe=True)  # fmt: skip
+    imports: tuple[str, ...] = setting((), "Python modules to import before the models are built (families or "
+                                       "models of your own): dotted module names, or paths of .py files",
+                                       resume=APPLIES)  # fmt: skip
+    initial_checkpoint: str | None = setting(None, "start from these weights: a .safetensors, or a run's checkpoint.pt")
+    pretrained: bool = setting(False, "start from the models' published weights")
+    drop_path: float = setting(0.0, "stochastic depth rate", check=between(0, 1, closed=False), must="in [0, 1)",
+                               recipe=True)  # fmt: skip
+    # optimizer and schedule
+    epochs: int = setting(10, "epochs per model", check=at_least(1), must="at least 1", resume=TRAINS_ON)
+    batch_size: int = setting(64, "training batch size per process", check=at_least(1), must="at least 1",
+                              recipe=True)  # fmt: skip
+    opt: str = setting("adamw", "timm optimizer name", recipe=True)
+    lr: float = setting(1e-3, "peak learning rate", check=at_least(0), must="at least 0", recipe=True)
+    weight_decay: float = setting(0.05, "weight decay", check=at_least(0), must="at least 0", recipe=True)
+    layer_decay: float | None = setting(None, "layer-wise LR decay (timm's, over the model's group_matcher): the last "
+                                        "block trains at lr, each earlier one at this factor of the next",
+                                        check=lambda v: 0 < v <= 1, must="in (0, 1]", recipe=True)  # fmt: skip
+    sched: str = setting("cosine", "timm LR schedule name, stepped every update", recipe=True)
+    warmup_epochs: int = setting(1, "epochs of linear warmup from lr / 100", check=at_least(0), must="at least 0",
+                                 recipe=True)  # fmt: skip
+    min_lr: float = setting(1e-5, "LR at the end of the schedule", check=at_least(0), must="at least 0", recipe=True)
+    clip_grad: float = setting(1.0, "clip the gradient norm to this (0: off)", check=at_least(0), must="at least 0",
+                               recipe=True)  # fmt: skip
+    # augmentation and regularization
+    label_smoothing: float = setting(0.1, "label smoothing of the loss", check=between(0, 1, closed=False),
+                                     must="in [0, 1)", recipe=True)  # fmt: skip
+    mixup: float = setting(0.0, "mixup alpha (0: off)", check=at_least(0), must="at least 0", recipe=True)
+    cutmix: float = setting(0.0, "cutmix alpha (0: off)", check=at_least(0), must="at least 0", recipe=True)
+    aug: bool = setting(True, "random-resized crops and flips when training (--no-aug: none)", recipe=True, data=True)
+    hflip: float = setting(0.5, "horizontal flip probability", check=between(0, 1), must="in [0, 1]", recipe=True,
+                           data=True)  # fmt: skip
+    scale: tuple[float, float] = setting((0.08, 1.0), "random-resized-crop area range: a b with 0 < a <= b <= 1",
+                                         check=lambda v: len(v) == 2 and 0 < v[0] <= v[1] <= 1,
+                                         must="two numbers a b with 0 < a <= b <= 1", recipe=True,
+                                         data=True)  # fmt: skip
+    auto_augment: str | None = setting(None, "timm auto-augment policy, e.g. rand-m9-mstd0.5-inc1", recipe=True,
+                                       data=True)  # fmt: skip
+    ema: bool = setting(False, "keep an EMA of the weights; it is what is evaluated and saved", recipe=True)
+    ema_decay: float = setting(0.9998, "EMA decay per update", check=between(0, 1), must="in [0, 1]", recipe=True)
+    # evaluation
+    eval_sizes: tuple[int, ...] = setting((32,), "resolutions to evaluate every model at",
+                                          check=lambda v: len(v) and min(v) >= 1, must="sizes of at least 1",
+                                          resume=EVALUATES)  # fmt: skip
+    native_eval: bool = setting(True, "also evaluate the built-in data drawn natively at each size", resume=EVALUATES)
+    rope_scaling: tuple[str, ...] = setting(("none",), f"RoPE extrapolation modes to evaluate, from "
+                                            f"{', '.join(SCALING_MODES)}", resume=EVALUATES)  # fmt: skip
+    eval_batch_size: int = setting(128, "evaluation batch size per process", check=at_least(1), must="at least 1",
+                                   resume=APPLIES)  # fmt: skip
+    eval_only: bool = setting(False, "evaluate --initial-checkpoint or --pretrained weights without training")
+    # seeds and recipes
+    seeds: tuple[int, ...] = setting((), "train every model once per seed (a run each); empty: --seed alone",
+                                     check=lambda v: len(set(v)) == len(v) and all(0 <= s < 2**31 for s in v),
+                                     must="distinct seeds in [0, 2**31 - 1]", resume=APPLIES)  # fmt: skip
+    train_sizes: tuple[int, ...] = setting((), "train each batch at a size drawn from these (px); empty: at "
+                                           "--img-size only", check=lambda v: all(s >= 1 for s in v),
+                                           must="sizes of at least 1", recipe=True)  # fmt: skip
+    recipes: dict[str, Any] = setting(
+        {},
+        "recipe name → training keys it overrides; every model trains under each (empty: one recipe)",
+        resume=APPLIES,
+    )  # fmt: skip  (a recipe's keys: resumed)
+    # run
+    output: str = setting("runs/default", "folder of the run's outputs", resume=APPLIES)
+    resume: bool = setting(False, "continue the run in --output from its last finished epochs", resume=APPLIES)
+    overwrite: bool = setting(False, "start anew in an --output that holds a run: first delete that run's results, "
+                              "log and config, and each of its runs' checkpoint.pt, model.safetensors and results.json "
+                              "(by these names; other files stay)", resume=APPLIES)  # fmt: skip
+    seed: int = setting(0, "seed of weights, data order and augmentation (of the one run per model without --seeds)",
+                        check=between(0, 2**31 - 1), must="in [0, 2**31 - 1]")  # fmt: skip
+    device: str = setting("auto", "auto, cpu, cuda, cuda:N or mps", resume=APPLIES)
+    amp: bool = setting(False, "bfloat16 autocast")
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            object.__setattr__(self, f.name, checked(f, getattr(self, f.name)))
+        bad = [m for m in self.rope_scaling if m not in SCALING_MODES]
+        if bad or not self.rope_scaling:
+            raise SystemExit(f"error: unknown --rope-scaling mode(s) {bad}; choose from {list(SCALING_MODES)}")
+        if self.min_lr > self.lr:
+            raise SystemExit(f"error: --min-lr {self.min_lr} is above --lr {self.lr}; give a min_lr of at most lr")
+        if self.eval_only and not (self.initial_checkpoint or self.pretrained):
+            raise SystemExit("error: --eval-only needs --initial-checkpoint PATH or --pretrained")
+        for name in self.recipes:
+            self.for_recipe(name)  # each recipe's values checked
+
+    def for_recipe(self, name: str) -> "Settings":
+        """The settings of one recipe ('' for a config without recipes): its keys on top, its model kwargs added to
+        the shared ones (a model spec's own kwargs still come last)."""
+        if not name:
+            return self
+        if not isinstance(name, str) or not re.fullmatch(r"[\w.-]+", name):
+            raise SystemExit(
+                f"error: recipe name {name!r}: use letters, digits, '_', '.' and '-' (it names the runs' folders)"
+            )
+        overrides = self.recipes[name]
+        if not isinstance(overrides, dict | None):
+            raise SystemExit(f"error: recipe {name!r} is {overrides!r}: give the keys it sets ({{}} for none)")
+        overrides = overrides or {}
+        allowed = [f.name for f in fields(self) if f.metadata["recipe"]]
+        other = sorted(set(overrides) - set(allowed))
+        if other:
+            raise SystemExit(
+                f"error: recipe {name!r} sets {other}: a recipe sets only how models train ({', '.join(allowed)}); "
+                "the data, models, seeds, epochs, evaluation and run settings are shared by all recipes of a config"
+            )
+        kwargs = {**self.model_kwargs, **(overrides.get("model_kwargs") or {})}
+        try:
+            return replace(self, **{**overrides, "model_kwargs": kwargs, "recipes": {}})
+        except SystemExit as e:
+            raise SystemExit(str(e).replace("error: ", f"error: recipe {name!r}: ", 1)) from None
+
+    def data_key(self) -> tuple:
+        """What tells apart the data of two runs of one config: the settings that change the training data (a recipe
+        may change them) and, where it draws the built-in data, the seed."""
+        seed = self.seed if self.dataset in ("synthetic", "synthetic_video") else None
+        return (*(repr(getattr(self, f.name)) for f in fields(self) if f.metadata["data"]), seed)
+
+    def to_yaml(self) -> str:
+        plain = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+        return yaml.safe_dump(plain, sort_keys=False)
+
+
+NAMES = tuple(f.name for f in fields(Settings))
+DICTS = ("model_kwargs", "recipes")
+DEFAULTS = {f.name: {} if f.name in DICTS else f.default for f in fields(Settings)}
+# the groups of --help: each begins at its first setting, in the class's order
+GROUP_STARTS = {"dataset": "data", "models": "model", "epochs": "optimizer and schedule",
+                "label_smoothing": "augmentation and regularization", "eval_sizes": "evaluation",
+                "seeds": "seeds and recipes", "output": "run"}  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------------------- checking values
+class _Mismatch(Exception):
+    """A value that is not of its setting's type (the message: what it must be instead, if not the type)."""
+
+
+def convert(value: Any, kind: Any) -> Any:
+    """``value`` as a value of type ``kind`` (lists as tuples, integers as floats where a float is asked); raises
+    _Mismatch where it is not one."""
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin in (UnionType, typing.Union):  # X | None
+        return None if value is None else convert(value, args[0])
+    if origin is tuple:  # (a fixed length is the range check's to enforce)
+        if not isinstance(value, list | tuple):
+            raise _Mismatch
+        return tuple(convert(v, args[0]) for v in value)
+    if origin is dict:
+        if value is not None and not isinstance(value, dict):
+            raise _Mismatch
+        return dict(value or {})
+    if kind is float and isinstance(value, int | float) and not isinstance(value, bool):
+        if not math.isfinite(value):
+            raise _Mismatch("finite")
+        return float(value)
+    if kind in (bool, int, str) and isinstance(value, kind) and (kind is bool or not isinstance(value, bool)):
+        return value
+    raise _Mismatch
+
+
+def describe(kind: Any) -> str:
+    """What a value of type ``kind`` is, for an error message."""
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin in (UnionType, typing.Union):
+        return describe(args[0])
+    if origin is tuple:
+        return f"a list of {describe(args[0])}"
+    if origin is dict:
+        return "a mapping of keys to values"
+    return kind.__name__
+
+
+def checked(f: Any, value: Any) -> Any:
+    """A field's value converted to its type and checked against its range: one line naming the setting if not."""
+    flag = "--" + f.name.replace("_", "-")
+    try:
+        converted = convert(value, f.type)
+    except _Mismatch as e:
+        raise SystemExit(
+            f"error: {flag} {value!r}: {f.name} must be {e.args[0] if e.args else describe(f.type)}"
+        ) from None
+    check = f.metadata["check"]
+    if converted is not None and check is not None and not check(converted):
+        raise SystemExit(f"error: {flag} {value!r}: {f.name} must be {f.metadata['must']}")
+    return converted
+
+
+# ------------------------------------------------------------------------------------------ files and flags
+class _UniqueKeys(yaml.SafeLoader):
+    """YAML's safe loader (plain data only), refusing a key given twice in one mapping instead of keeping the last."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is given twice", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def read_yaml(path: str | Path, what: str) -> dict:
+    """A YAML file of settings; a missing or malformed one (a key twice, a Python tag, ...) is one line naming the
+    file and the place."""
+    if not Path(path).is_file():
+        raise SystemExit(f"error: {what} {str(path)!r} not found")
+    loader = _UniqueKeys(Path(path).read_text())
+    try:
+        loaded = loader.get_single_data() or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise SystemExit(f"error: {what} {str(path)!r} is not valid YAML: {problem}{where}; fix it there") from None
+    finally:
+        loader.dispose()
+    if not isinstance(loaded, dict):
+        raise SystemExit(f"error: {what} {str(path)!r} holds a {type(loaded).__name__}, not `key: value` lines")
+    return loaded
+
+
+def key_value(text: str) -> tuple[str, Any]:
+    """``key=value``, the value read as YAML (``[8,12,12]``, ``true``, ``0.5``, a plain string)."""
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"expected key=value pairs, got {text!r} (e.g. patch_size=4)")
+    k, v = text.split("=", 1)
+    try:
+        return k, yaml.safe_load(v)
+    except yaml.YAMLError as e:
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise argparse.ArgumentTypeError(
+            f"cannot read the value of {k!r}, {v!r}, as YAML ({problem}); write lists as [8,12,12], strings plainly"
+        ) from None
+
+
+def argument_parser(description: str, now: dict, config: str) -> argparse.ArgumentParser:
+    """A flag per setting, in the groups of --help, each saying its value under the config file; a flag not given
+    is absent from the parsed namespace."""
+    parser = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
+    parser.add_argument("--config", default=config, help=f"YAML config whose keys the flags override (now {config})")
+    groups = {}
+    for f in fields(Settings):
+        title = GROUP_STARTS.get(f.name) or next(reversed(groups))
+        g = groups.setdefault(title, parser.add_argument_group(title))
+        flag, origin = "--" + f.name.replace("_", "-"), typing.get_origin(f.type)
+        kw = dict(default=argparse.SUPPRESS, help=f"{f.metadata['help']} (now: {now[f.name]!r})")
+        if f.type is bool:
+            g.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
+        elif origin is dict:
+            g.add_argument(flag, nargs="*", type=key_value, metavar="KEY=VALUE", **kw)
+        elif origin is tuple:
+            nargs = "*" if DEFAULTS[f.name] == () else "+"
+            g.add_argument(flag, nargs=nargs, type=typing.get_args(f.type)[0], **kw)
+        else:
+            kind = typing.get_args(f.type)[0] if origin in (UnionType, typing.Union) else f.type
+            g.add_argument(flag, type=kind, **kw)
+    return parser
+
+
+def parse(argv: list[str] | None, default_config: str | Path, description: str) -> tuple[Settings, dict]:
+    """Settings from a YAML config (``--config``, else ``default_config``) overridden by flags; and what the command
+    line sets (its flags, and the keys of a ``--config`` it names), which ``--resume`` applies to a saved run."""
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre.add_argument("--config")
+    named = pre.parse_known_args(argv)[0].config
+    path = named or str(default_config)
+    loaded = read_yaml(path, "config file")
+    unknown = sorted(set(loaded) - set(NAMES))
+    if unknown:
+        raise SystemExit(f"error: unknown config key(s) {unknown} in {path}; valid keys: {sorted(NAMES)}")
+    flags = vars(argument_parser(description, {**DEFAULTS, **loaded}, path).parse_args(argv))
+    flags.pop("config")
+    for k in DICTS:  # flags add to the file's mapping
+        if k in flags:
+            flags[k] = {**(loaded.get(k) or {}), **dict(flags[k])}
+    for where, keys in (("the command line", flags), (f"config file {path!r}", loaded)):
+        if {"seed", "seeds"} <= set(keys):
+            raise SystemExit(
+                f"error: {where} gives both seed and seeds; give seeds for one run per seed, or seed for one run"
+            )
+    if "seed" in flags:  # --seed on the command line means that one seed
+        flags["seeds"] = ()
+    given = {**(loaded if named else {}), **flags}
+    return Settings(**{**DEFAULTS, **loaded, **flags}), given
+
+
+def resumed(settings: Settings, given: dict) -> Settings:
+    """With ``--resume`` and a run in ``--output``: its saved settings, with what the command line changes where that
+    is allowed (the fields' ``resume``); a change that would mix two recipes in one table is one line."""
+    saved_path = Path(settings.output) / "config.yaml"
+    if not settings.resume or not saved_path.is_file():
+        return settings
+    values = read_yaml(saved_path, "the run's config")
+    unknown = sorted(set(values) - set(NAMES))
+    if unknown:
+        raise SystemExit(f"error: the run's config {str(saved_path)!r} has unknown key(s) {unknown}; resume it with "
+                         "the train.py that made it, or start a new run in another --output")  # fmt: skip
+    saved = Settings(**{**DEFAULTS, **values})
+    merged = {k: {**getattr(saved, k), **given[k]} for k in DICTS if k in given}
+    new = replace(saved, **{**given, **merged, "resume": True, "output": settings.output, "overwrite": False})
+    refused = [
+        (f.name, getattr(saved, f.name), getattr(new, f.name))
+        for f in fields(Settings)
+        if f.metadata["resume"] == REFUSED and getattr(new, f.name) != getattr(saved, f.name)
+    ]
+    refused += [
+        (f"recipe {name!r}", old, new.recipes[name])
+        for name, old in saved.recipes.items()
+        if (old or {}) != (new.recipes.get(name, old) or {})
+    ]
+    if refused:
+        changes = ", ".join(f"{k} {old!r} -> {now!r}" for k, old, now in refused)
+        raise SystemExit(
+            f"error: --resume cannot change {changes}: the run in {settings.output} was trained with the saved "
+            "value(s), and its results must come from one recipe; resume without the change, or start a new run "
+            "with another --output"
+        )
+    return new
