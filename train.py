@@ -128,21 +128,40 @@ def preflight(plan: list[Run]) -> dict[str, tuple[Data, list[str]]]:
             make_optimizer(torch.nn.Linear(1, 1), settings, steps=1)
         except (ValueError, AssertionError) as e:
             raise SystemExit(f"error: --opt {settings.opt} with --sched {settings.sched}: {e}") from None
-    data, modes, checked = {}, {}, {}
+    data, models, checked = {}, {}, {}
     for run in plan:
         dc = data_config(run.settings, run.spec)
         key = (run.settings.data_key(), dc["mean"], dc["std"])
         if key not in data:
             data[key] = checked_data(run.settings, dc)
-        if (run.spec, run.recipe) not in modes:
-            modes[run.spec, run.recipe] = checked_model(run, data[key])
-        checked[run.tag] = (data[key], modes[run.spec, run.recipe])
+        if (run.spec, run.recipe) not in models:
+            models[run.spec, run.recipe] = checked_model(run, data[key])
+        modes, shapes = models[run.spec, run.recipe]
+        if run.settings.resume:
+            check_resume_state(run.folder / "checkpoint.pt", shapes)
+        checked[run.tag] = (data[key], modes)
     return checked
 
 
-def checked_model(run: Run, data: Data) -> list[str]:
+def check_resume_state(path: Path, shapes: dict[str, torch.Size]) -> None:
+    """A run's checkpoint.pt, if it has one, holds weights of the very model it resumes (not another family's or
+    size's): one line naming the file otherwise."""
+    if not path.is_file():
+        return
+    weights = read_checkpoint(path, resume_remedy(path), mmap=True)["model"]
+    differ = sorted(k for k in shapes.keys() ^ weights.keys()) + [
+        k for k in shapes.keys() & weights.keys() if weights[k].shape != shapes[k]
+    ]
+    if differ:
+        raise SystemExit(
+            f"error: {path} holds the weights of another model ({len(differ)} differ in name or shape, such as "
+            f"{differ[:3]}); {resume_remedy(path)}"
+        )
+
+
+def checked_model(run: Run, data: Data) -> tuple[list[str], dict[str, torch.Size]]:
     """A run's model built and fed a validation sample at --img-size and at its other eval and training sizes;
-    returns the --rope-scaling modes it takes."""
+    returns the --rope-scaling modes it takes and the shapes of its weights."""
     settings, spec, where = run.settings, run.spec, f" (recipe {run.recipe})" if run.recipe else ""
     model = build_model(settings, spec, num_classes=data.num_classes).eval()
     check_input_sizes(settings, spec, model, where)
@@ -174,7 +193,7 @@ def checked_model(run: Run, data: Data) -> list[str]:
             f"error: {spec} takes none of --rope-scaling {list(settings.rope_scaling)} (it takes "
             f"{list(model.rope_scaling_modes())}); add one of those"
         )
-    return modes
+    return modes, {k: v.shape for k, v in model.state_dict().items()}
 
 
 # ------------------------------------------------------------------------------------------------------ data

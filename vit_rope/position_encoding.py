@@ -35,9 +35,10 @@ _KEYS = itertools.count()
 
 
 def _as_tuple(value: float | Sequence[float], n: int, name: str) -> tuple[float, ...]:
-    if isinstance(value, int | float):
-        return (float(value),) * n
-    value = tuple(float(v) for v in value)
+    values = (value,) * n if isinstance(value, int | float | str) else tuple(value)
+    if any(isinstance(v, bool | str) or not isinstance(v, int | float) for v in values):
+        raise ValueError(f"{name}={value!r} must be a number or one number per axis")
+    value = tuple(float(v) for v in values)
     if len(value) != n:
         raise ValueError(f"{name} has {len(value)} entries but the layer has {n} axes; give one per axis or a scalar")
     return value
@@ -94,6 +95,8 @@ class PositionEncoding(nn.Module):
         if num_prefix_tokens < 0:
             raise ValueError(f"num_prefix_tokens={num_prefix_tokens} must be 0 or more")
         for name, v, low in (("shift", shift, 0.0), ("jitter", jitter, 1.0), ("rescale", rescale, 1.0)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)):
+                raise ValueError(f"{name}={v!r} must be a number (None turns it off)")
             if v is not None and not v >= low:
                 raise ValueError(f"{name}={v} must be at least {low} (None turns it off)")
         self.dim, self.axes, self.num_prefix_tokens, self.coords = dim, axes, num_prefix_tokens, coords

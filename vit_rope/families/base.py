@@ -131,6 +131,8 @@ class PairFamily(Family):
     ) -> None:
         super().__init__(dim, axes, **common)
         theta = self.default_theta if theta is None else theta
+        if isinstance(theta, bool) or not isinstance(theta, int | float):
+            raise ValueError(f"theta={theta!r} must be a number (axial RoPE's is 100 for ViTs, 10000 for LLMs)")
         if not theta > 0:
             raise ValueError(
                 f"theta={theta} must be positive (axial RoPE's is 100 for ViTs, 10000 for language models)"

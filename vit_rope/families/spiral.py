@@ -25,7 +25,20 @@ from . import register_family
 from .axial import frequency_ladder, yarn_temperature
 from .base import Extrapolation, PairFamily, sections
 
-__all__ = ["Spiral", "direction_frequencies"]
+__all__ = ["Spiral", "default_axis_dims", "direction_frequencies"]
+
+
+def default_axis_dims(dim: int, axes: int) -> tuple[int, ...]:
+    """The plane (the last two axes) gets the most channels that are a multiple of 8 (so that directions fit) after a
+    quarter for each leading (time) axis, which then share the rest (64 → 16/24/24 in 3D, as M-RoPE; 48 → 16/16/16);
+    channels left over stay unrotated. An equal split would leave the plane room for two directions alone, axial
+    RoPE."""
+    time = 2 * ((dim // 4) // 2) if axes > 2 else 0
+    plane = 8 * ((dim - (axes - 2) * time) // 8)
+    if plane < 8:
+        raise ValueError(f"dim={dim} leaves the image plane fewer than 8 channels: spiral RoPE needs a head dim of 16+")
+    leading = 2 * (((dim - plane) // (axes - 2)) // 2) if axes > 2 else 0
+    return (leading,) * (axes - 2) + (plane // 2,) * 2
 
 
 def direction_frequencies(plane_dims: int, directions: int, ladder: Tensor) -> Tensor:
@@ -56,26 +69,21 @@ class Spiral(PairFamily):
         yarn_beta: tuple[float, float] = (32.0, 1.0),
         **kwargs,
     ) -> None:
-        if axes < 2:
-            raise ValueError("spiral RoPE turns with directions of the image plane: it needs axes >= 2")
-        if axis_dims is None and axes > 2 and kwargs.get("rotate_fraction") is None:
-            # a leading (time) axis gets a quarter of the channels, the plane the rest (64 → 16/24/24, as M-RoPE):
-            # an equal split would leave the plane room for two directions alone, axial RoPE
-            t = 2 * ((dim // 4) // 2)
-            plane = dim - (axes - 2) * t
-            axis_dims = (t,) * (axes - 2) + (2 * ((plane // 2) // 2),) * 2
+        if axis_dims is None and kwargs.get("rotate_fraction") is None:
+            axis_dims = default_axis_dims(dim, axes)
         super().__init__(dim, axes, axis_dims=axis_dims, **kwargs)
         self.yarn_beta = tuple(yarn_beta)
         self.plane_dims = self.axis_dims[-1] + self.axis_dims[-2]  # the (rows, cols) plane's channels
         quarter = self.plane_dims // 4  # the ladder's length: chunks of two frequencies go round the directions
         fits = [k for k in range(2, quarter + 1, 2) if quarter % k == 0] if self.plane_dims % 8 == 0 else []
-        if directions is None:
-            directions = max([k for k in fits if 4 <= k <= 8], default=None)
+        if directions is None:  # the most from 4 to 8 that fit, else the most that fit
+            directions = max([k for k in fits if 4 <= k <= 8] or fits, default=None)
         if directions not in fits:
+            choices = f"one of {fits}" if fits else "axis_dims that give the plane a multiple of 8 channels"
             raise ValueError(
                 f"directions={directions} does not fit {self.plane_dims} channels of the image plane: K must be even "
-                f"and divide {self.plane_dims / 4:g} (the plane's channels / 4, which must be even); choose one of "
-                f"{fits} or axis_dims that give the plane a multiple of 8 channels (K = 2 is axial RoPE)"
+                f"and divide {self.plane_dims / 4:g} (the plane's channels / 4, which must be even); choose {choices} "
+                "(K = 2 is axial RoPE)"
             )
         self.directions = directions
 
