@@ -322,8 +322,10 @@ class VisionTransformer(nn.Module):
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
+        """timm's parameter groups (layer-wise LR decay): the stem, each block (the final norm with the last); the
+        head, and a learned position encoding (one tensor for every layer), outside them, as timm's RoPE ViT."""
         return dict(
-            stem=r"^cls_token|^reg_token|^pos_embed|^patch_embed|^position_encoding",
+            stem=r"^cls_token|^reg_token|^pos_embed|^patch_embed",
             blocks=[(r"^blocks\.(\d+)", None), (r"^norm", (99999,))],
         )
 

@@ -156,25 +156,18 @@ def colours(curves: list[Curve]) -> dict[tuple[str, str], tuple]:
 
 
 def fit(ax, xs: list[float] | None, ys: list[float], chance: float | None) -> None:
-    """Each axis scaled to its data (a margin of 5 %, not down to 0), and the chance level drawn where it falls inside
-    (else said in the axis label)."""
-    for values, set_lim, line, label in ((xs, ax.set_xlim, ax.axvline, ax.get_xlabel),
-                                         (ys, ax.set_ylim, ax.axhline, ax.get_ylabel)):  # fmt: skip
+    """Each axis scaled to its data (a margin of 5 %, not down to 0); the chance level drawn where it falls inside,
+    and said in a corner either way."""
+    for values, set_lim, line in ((xs, ax.set_xlim, ax.axvline), (ys, ax.set_ylim, ax.axhline)):
         if not values:
             continue
         low, high = min(values), max(values)
         pad = max(high - low, 1.0) * 0.05
         set_lim(low - pad, high + pad)
-        if chance is None:
-            continue
-        if low - pad <= chance <= high + pad:
+        if chance is not None and low - pad <= chance <= high + pad:
             line(chance, color="firebrick", linestyle="--", linewidth=0.8)
-        else:
-            (ax.set_xlabel if line is ax.axvline else ax.set_ylabel)(
-                f"{label()}; chance {chance:.3g} % is off the axis"
-            )
     if chance is not None:
-        ax.annotate(f"- - chance: {chance:.3g} %", (0.99, 0.01), xycoords="axes fraction", ha="right", va="bottom",
+        ax.annotate(f"chance: {chance:.3g} %", (0.99, 0.01), xycoords="axes fraction", ha="right", va="bottom",
                     fontsize=7, color="firebrick")  # fmt: skip
 
 

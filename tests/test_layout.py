@@ -1,0 +1,89 @@
+"""The package's layout holds: the model library imports nothing from train.py's harness (nor what only the harness
+needs), no function runs past a screen, settings are read by attribute, and the README's family table is the
+registry's."""
+
+import ast
+import pkgutil
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import vit_rope
+from vit_rope import FAMILIES, SCALING_MODES
+
+ROOT = Path(__file__).resolve().parents[1]
+LIBRARY = sorted(m.name for m in pkgutil.walk_packages(vit_rope.__path__, "vit_rope.") if ".training" not in m.name)
+HARNESS_ONLY = ("vit_rope.training", "tqdm", "matplotlib")  # the harness, and what `pip install vit-rope[train]` adds
+
+
+def test_every_library_module_imports_with_the_harness_blocked():
+    """Each library module imports in a fresh interpreter where importing the harness (or tqdm, matplotlib) fails:
+    `pip install vit-rope` alone serves the models."""
+    assert {"vit_rope.vit", "vit_rope.tables", "vit_rope.families.axial"} <= set(LIBRARY)
+    block = "; ".join(f"sys.modules[{name!r}] = None" for name in HARNESS_ONLY)
+    code = f"import importlib, sys; {block}; [importlib.import_module(m) for m in {LIBRARY!r}]"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    harness = subprocess.run([sys.executable, "-c", f"import sys; {block}; import vit_rope.training.settings"],
+                             capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    assert harness.returncode != 0  # (the block has teeth)
+
+
+def functions(path: Path):
+    """(class or '', function node) of every function in a file."""
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            for child in ast.walk(node):
+                if isinstance(child, ast.FunctionDef):
+                    yield node.name, child
+        elif isinstance(node, ast.Module):
+            for child in node.body:
+                if isinstance(child, ast.FunctionDef):
+                    yield "", child
+
+
+SOURCES = [*sorted((ROOT / "vit_rope").rglob("*.py")), ROOT / "train.py", *sorted((ROOT / "bench").glob("*.py"))]
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_function_runs_past_a_screen(path):
+    """80 lines at most; a model's constructor may run longer, as timm's do (its arguments one a line)."""
+    long = [
+        f"{cls}.{f.name}" if cls else f.name
+        for cls, f in functions(path)
+        if f.end_lineno - f.lineno + 1 > 80 and not (f.name == "__init__" and cls.endswith("VisionTransformer"))
+    ]
+    assert not long, f"{path.name}: {long} run past 80 lines"
+
+
+@pytest.mark.parametrize("path", [ROOT / "train.py", *sorted((ROOT / "vit_rope" / "training").glob("*.py"))],
+                         ids=lambda p: p.name)  # fmt: skip
+def test_settings_are_read_by_attribute(path):
+    subscripts = [
+        node.lineno
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id in ("settings", "cfg")
+    ]
+    assert not subscripts, f"{path.name} reads settings by key at lines {subscripts}"
+
+
+def test_the_readmes_family_table_is_the_registrys():
+    """Every built-in family is in the README's table under its names, with the extrapolation modes it declares, and
+    the table names no other."""
+    text = (ROOT / "README.md").read_text()
+    table = text[text.index("| `freqs` / `pos_embed` |") :].split("\n\n")[0].splitlines()[2:]
+    listed = {}
+    for row in table:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        modes = tuple(SCALING_MODES) if cells[-1] == "all five" else tuple(m.strip() for m in cells[-1].split(","))
+        for name in re.findall(r"`(\w+)`", cells[0]):
+            listed[name] = modes
+    built_in = {n: f for n, f in FAMILIES.items() if f.__module__.startswith("vit_rope.")}
+    names = set(built_in) | {f.model_name for f in built_in.values() if f.model_name}
+    assert set(listed) == names
+    for name, family in built_in.items():
+        assert set(listed[name]) == set(family.scaling_modes), name
