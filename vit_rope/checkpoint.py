@@ -84,13 +84,18 @@ def _adapt_patch_kernel(v: Tensor, own: Tensor) -> Tensor:
 
 
 def rename_timm_keys(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
-    """timm Eva's names → ours: ``gamma_1/2`` → ``ls1/2.gamma``; its mixed frequencies ``rope.freqs (2=(x, y), depth,
-    heads, P)`` → ``position_encoding.family.frequencies (depth, heads, axes=(row, col), P)``."""
+    """timm Eva's names → ours: ``gamma_1/2`` → ``ls1/2.gamma``; ``attn.q_bias`` and ``attn.v_bias`` (k has none) →
+    one ``attn.qkv.bias``; its mixed frequencies ``rope.freqs (2=(x, y), depth, heads, P)`` →
+    ``position_encoding.family.frequencies (depth, heads, axes=(row, col), P)``."""
     out = {}
     for k, v in state_dict.items():
         k = k.replace("gamma_1", "ls1.gamma").replace("gamma_2", "ls2.gamma")
         if k == "rope.freqs" and v.ndim == 4 and v.shape[0] == 2:
             k, v = "position_encoding.family.frequencies", torch.stack((v[1], v[0]), dim=2)
+        if k.endswith("attn.q_bias"):
+            k, v = k.replace("q_bias", "qkv.bias"), torch.cat((v, torch.zeros_like(v), state_dict[k[:-6] + "v_bias"]))
+        if k.endswith("attn.v_bias"):
+            continue
         out[k] = v
     return out
 

@@ -77,12 +77,13 @@ class Block(nn.Module):
         attn_drop: float = 0.0,
         drop_path: float = 0.0,
         rope_targets: str = "qk",
+        norm_eps: float = 1e-6,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         dd = dict(device=device, dtype=dtype)
-        norm_layer = partial(nn.LayerNorm, eps=1e-6, **dd)
+        norm_layer = partial(nn.LayerNorm, eps=norm_eps, **dd)
         self.norm1 = norm_layer(dim)
         self.attn = Attention(dim, num_heads, qkv_bias, attn_drop, proj_drop, rope_targets, **dd)
         self.ls1 = LayerScale(dim, init_values, **dd) if init_values else nn.Identity()
@@ -167,6 +168,7 @@ class VisionTransformer(nn.Module):
         mlp_ratio: float = 4.0,
         qkv_bias: bool = True,
         init_values: float | None = 1e-5,
+        norm_eps: float = 1e-6,
         class_token: bool = True,
         reg_tokens: int = 0,
         pos_embed: str = "rope",
@@ -254,6 +256,7 @@ class VisionTransformer(nn.Module):
                 attn_drop_rate,
                 dpr[i],
                 block_targets,
+                norm_eps,
                 **dd,
             )
             for i in range(depth)
@@ -261,7 +264,7 @@ class VisionTransformer(nn.Module):
         self.feature_info = [
             dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=self._reduction()) for i in range(depth)
         ]
-        self.norm = nn.LayerNorm(embed_dim, eps=1e-6, **dd)
+        self.norm = nn.LayerNorm(embed_dim, eps=norm_eps, **dd)
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes, **dd) if num_classes > 0 else nn.Identity()
         self.init_weights(weight_init)
@@ -488,7 +491,7 @@ class VisionTransformer(nn.Module):
 
 # --------------------------------------------------------------------------------------------- registry
 def _cfg(hub: str | None = None, **kwargs) -> dict[str, Any]:
-    return dict(
+    defaults = dict(
         url="",
         hf_hub_id=hub,
         num_classes=1000,
@@ -502,8 +505,8 @@ def _cfg(hub: str | None = None, **kwargs) -> dict[str, Any]:
         first_conv="patch_embed.proj",
         classifier="head",
         license="apache-2.0",
-        **kwargs,
     )
+    return {**defaults, **kwargs}
 
 
 SIZES = {
@@ -512,17 +515,30 @@ SIZES = {
     "base": dict(embed_dim=768, depth=12, num_heads=12),
     "large": dict(embed_dim=1024, depth=24, num_heads=16),
 }
-# weights published for timm's own models of the same architecture load into ours (checkpoint_filter_fn)
+# DINOv3's ViTs (Siméoni et al. 2025) in our trunk: patch centres normalised, rotate-half pairs with y's section first
+# (timm's "ij"), base 100, four registers, no qkv bias (but in the _qkvb weights), LayerNorm eps 1e-5
+DINOV3 = dict(reg_tokens=4, qkv_bias=False, norm_eps=1e-5, rope_coords="normalized", rope_layout="half",
+              rope_theta=100.0, rope_options=dict(grid_indexing="ij"))  # fmt: skip
+# weights published for timm's own models of the same architecture, which load into ours (checkpoint_filter_fn):
+# kind → (tag, timm's model and tag of the weights, the model arguments they ask), the first of a kind its default
 PUBLISHED = {
-    "rope": ("naver_in1k", "vit_{size}_patch16_rope_224"),
-    "rope_mixed": ("naver_in1k", "vit_{size}_patch16_rope_mixed_224"),
-    "ape": ("fb_in1k", "deit3_{size}_patch16_224"),
+    "rope": [
+        ("naver_in1k", "vit_{size}_patch16_rope_224.naver_in1k", {}),
+        ("dinov3_lvd1689m", "vit_{size}_patch16_dinov3.lvd1689m", DINOV3),
+        ("dinov3_qkvb_lvd1689m", "vit_{size}_patch16_dinov3_qkvb.lvd1689m", {**DINOV3, "qkv_bias": True}),
+    ],
+    "rope_mixed": [("naver_in1k", "vit_{size}_patch16_rope_mixed_224.naver_in1k", {})],
+    "ape": [("fb_in1k", "deit3_{size}_patch16_224.fb_in1k", {})],
 }
+TAG_ARGS = {tag: args for weights in PUBLISHED.values() for tag, _, args in weights}
 default_cfgs: dict[str, Any] = {}  # timm's register_model reads each model's pretrained configs here
 
 
 def _create(variant: str, pretrained: bool, size: str, kind: str, **kwargs) -> VisionTransformer:
-    args = dict(patch_size=16, pos_embed=kind, **SIZES[size])  # the caller's kwargs (another pos_embed too) win
+    """A model of ``kind``: the arguments its pretrained tag asks (``vit_rope_small.dinov3_lvd1689m``), then the
+    caller's (another pos_embed too)."""
+    tag = kwargs.get("pretrained_cfg") if isinstance(kwargs.get("pretrained_cfg"), str) else None
+    args = dict(patch_size=16, pos_embed=kind, **SIZES[size], **TAG_ARGS.get(tag, {}))
     return build_model_with_cfg(
         VisionTransformer,
         variant,
@@ -544,17 +560,24 @@ def _entrypoint(variant: str, size: str, pos_embed: str, what: str):
     return create
 
 
+def _weights_cfg(tag: str, weights: str) -> dict[str, Any]:
+    """The pretrained config of published weights: timm's hub copy; DINOv3's are backbones (no classifier)."""
+    if tag.startswith("dinov3"):
+        return _cfg(f"timm/{weights}", num_classes=0, crop_pct=1.0, license="dinov3-license")
+    return _cfg(f"timm/{weights}")
+
+
 def register_models(pos_embed: str, what: str) -> list[str]:
     """Register ``vit_<pos_embed>_<size>`` in timm for every size (large only where weights are published), with the
-    pretrained config of published weights where there are some. Returns the names."""
+    pretrained configs of published weights where there are some. Returns the names."""
     names = []
     for size in SIZES:
-        if size == "large" and pos_embed not in PUBLISHED:
+        weights = [] if size == "tiny" else PUBLISHED.get(pos_embed, [])
+        if size == "large" and not weights:
             continue
         variant = f"vit_{pos_embed}_{size}"
-        weights = PUBLISHED.get(pos_embed) if size != "tiny" else None
-        hub = f"timm/{weights[1].format(size=size)}.{weights[0]}" if weights else None
-        default_cfgs.update(generate_default_cfgs({f"{variant}.{weights[0]}" if weights else variant: _cfg(hub)}))
+        cfgs = {f"{variant}.{tag}": _weights_cfg(tag, name.format(size=size)) for tag, name, _ in weights}
+        default_cfgs.update(generate_default_cfgs(cfgs or {variant: _cfg()}))
         register_model(_entrypoint(variant, size, pos_embed, what))
         names.append(variant)
     return names

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from . import register_family
-from .base import Extrapolation, PairFamily, sections
+from .base import Extrapolation, PairFamily
 
 __all__ = ["Axial", "frequency_ladder", "yarn_frequencies", "yarn_temperature"]
 
@@ -61,7 +61,7 @@ class Axial(PairFamily):
         """The ``(axes, dim // 2)`` float64 frequency matrix, zero where a pair ignores an axis."""
         ext = extrapolation or Extrapolation("none", (1.0,) * self.axes)
         F = torch.zeros(self.axes, self.dim // 2, dtype=torch.float64)
-        for axis, pairs in sections(self.axis_dims):
+        for axis, pairs in self.sections():
             length = ext.ref_grid[axis] if ext.ref_grid else 0.0
             F[axis, pairs] = frequency_ladder(
                 self.axis_dims[axis], self.theta, ext.mode, ext.scales[axis], length, self.yarn_beta
@@ -72,6 +72,6 @@ class Axial(PairFamily):
         if extrapolation.mode != "yarn" or max(extrapolation.scales) <= 1:
             return None
         m = torch.ones(self.dim // 2, dtype=torch.float64)
-        for axis, pairs in sections(self.axis_dims):
+        for axis, pairs in self.sections():
             m[pairs] = yarn_temperature(extrapolation.scales[axis])
         return m

@@ -113,8 +113,10 @@ class Family(nn.Module):
 
 class PairFamily(Family):
     """A family whose tables turn channel pairs: ``theta`` (the base of its frequency ladder), ``layout``
-    (``"interleaved"`` pairs channels (2i, 2i+1), ``"half"`` pairs i with i + dim/2), and the channels each axis turns
-    (``axis_dims`` in grid axis order, or ``rotate_fraction`` of the channels in equal even sections)."""
+    (``"interleaved"`` pairs channels (2i, 2i+1), ``"half"`` pairs i with i + dim/2), the channels each axis turns
+    (``axis_dims`` in grid axis order, or ``rotate_fraction`` of the channels in equal even sections), and the order of
+    the sections (``grid_indexing``: ``"xy"``, the last axis first, RoPE-ViT's x then y; ``"ij"``, the first axis
+    first, DINOv3's y then x — timm's names for the two)."""
 
     default_theta: ClassVar[float] = 100.0
 
@@ -127,9 +129,13 @@ class PairFamily(Family):
         layout: str = "interleaved",
         axis_dims: Sequence[int] | None = None,
         rotate_fraction: float | None = None,
+        grid_indexing: str = "xy",
         **common,
     ) -> None:
         super().__init__(dim, axes, **common)
+        if grid_indexing not in ("xy", "ij"):
+            raise ValueError(f"grid_indexing={grid_indexing!r}: choose 'xy' (the last axis first: x) or 'ij' (y first)")
+        self.grid_indexing = grid_indexing
         theta = self.default_theta if theta is None else theta
         if isinstance(theta, bool) or not isinstance(theta, int | float):
             raise ValueError(f"theta={theta!r} must be a number (axial RoPE's is 100 for ViTs, 10000 for LLMs)")
@@ -141,6 +147,10 @@ class PairFamily(Family):
             raise ValueError(f"layout={layout!r}: choose 'interleaved' (pairs 2i, 2i+1) or 'half' (i, i + dim/2)")
         self.theta, self.layout = float(theta), layout
         self.axis_dims = check_axis_dims(dim, axes, axis_dims, rotate_fraction)
+
+    def sections(self) -> list[tuple[int, slice]]:
+        """(axis, the pairs it turns) of each axis's section, in the family's ``grid_indexing`` order."""
+        return sections(self.axis_dims, last_first=self.grid_indexing == "xy")
 
     def frequency_matrix(self, extrapolation: Extrapolation | None = None) -> Tensor:
         """A fixed family's ``(axes, dim // 2)`` frequency matrix (learned families override ``encode`` instead)."""
@@ -154,14 +164,16 @@ class PairFamily(Family):
         return RotaryTable(angles.cos(), angles.sin(), layout=self.layout)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, axis_dims={self.axis_dims}, theta={self.theta}, layout={self.layout}"
+        return f"{super().extra_repr()}, axis_dims={self.axis_dims}, theta={self.theta}, layout={self.layout}, " + (
+            f"grid_indexing={self.grid_indexing}"
+        )
 
 
-def sections(axis_dims: Sequence[int], start: int = 0) -> list[tuple[int, slice]]:
+def sections(axis_dims: Sequence[int], start: int = 0, last_first: bool = True) -> list[tuple[int, slice]]:
     """(axis, the pairs it turns) of each axis's section, laid out from the last grid axis to the first (2D: x then
-    y), from pair ``start`` on."""
+    y; ``last_first=False``: the other way), from pair ``start`` on."""
     out = []
-    for axis in reversed(range(len(axis_dims))):
+    for axis in reversed(range(len(axis_dims))) if last_first else range(len(axis_dims)):
         out.append((axis, slice(start, start + axis_dims[axis] // 2)))
         start += axis_dims[axis] // 2
     return out

@@ -59,6 +59,8 @@ class Mixed(PairFamily):
 
     def __init__(self, dim: int, axes: int, *, per_layer: bool = True, **kwargs) -> None:
         super().__init__(dim, axes, **kwargs)
+        if self.grid_indexing != "xy":
+            raise ValueError("freqs='mixed' learns a direction for every pair: it has no axis sections to order")
         if len(set(self.axis_dims)) != 1:
             raise ValueError(f"freqs='mixed' needs equal axis_dims, got {self.axis_dims}")
         depth = self.depth if len(self.learned_shape(per_layer)) == 2 else None

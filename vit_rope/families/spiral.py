@@ -72,6 +72,8 @@ class Spiral(PairFamily):
         if axis_dims is None and kwargs.get("rotate_fraction") is None:
             axis_dims = default_axis_dims(dim, axes)
         super().__init__(dim, axes, axis_dims=axis_dims, **kwargs)
+        if self.grid_indexing != "xy":
+            raise ValueError("spiral RoPE lays out the plane's directions first: grid_indexing='ij' means nothing here")
         self.yarn_beta = tuple(yarn_beta)
         self.plane_dims = self.axis_dims[-1] + self.axis_dims[-2]  # the (rows, cols) plane's channels
         quarter = self.plane_dims // 4  # the ladder's length: chunks of two frequencies go round the directions

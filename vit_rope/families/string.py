@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from ..tables import RotaryTable
 from . import register_family
 from .axial import frequency_ladder
-from .base import Extrapolation, PairFamily, at_least_float32, head_angles, sections
+from .base import Extrapolation, PairFamily, at_least_float32, head_angles
 
 __all__ = ["CayleyString", "cayley"]
 
@@ -41,7 +41,7 @@ class CayleyString(PairFamily):
         super().__init__(dim, axes, **kwargs)
         lead = self.learned_shape(per_layer)
         ladder, pair_axis = torch.zeros(dim // 2, dtype=torch.float64), torch.zeros(axes, dim // 2)
-        for axis, pairs in sections(self.axis_dims):  # axial RoPE's layout: each pair turns with one axis
+        for axis, pairs in self.sections():  # axial RoPE's layout: each pair turns with one axis
             ladder[pairs] = frequency_ladder(self.axis_dims[axis], self.theta)
             pair_axis[axis, pairs] = 1.0
         self.register_buffer("axis_of_pair", pair_axis, persistent=False)
