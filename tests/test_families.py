@@ -173,16 +173,20 @@ CENTRES = [0, 180, 90, 270, 45, 225, 135, 315]  # the head order: any first few 
 @pytest.mark.parametrize("fov", [180, 90, 45])
 def test_lookhere_bias_equals_a_double_loop(fov):
     """Field of view (angle to the head's direction at most fov/2, boundaries included; a token sees itself),
-    Euclidean distance penalty with slope 1.5 → 0.5 over layers, 1 for directed heads and 1/2, 1/8, ... for the
-    undirected, prefix rows and columns free."""
+    Euclidean distance penalty with slope 1.5 → 0.5 over layers, 1/2 and 1/4 for the two groups of four directed heads
+    and 1/4, 1/16, ... for the undirected, prefix rows and columns free; the bias built a block of queries at a time
+    (as attention takes it at large grids) equals the dense one (small grids)."""
     heads, depth, (H, W) = 12, 3, (4, 5)
     enc = PositionEncoding(16, 2, "lookhere", num_heads=heads, depth=depth, num_prefix_tokens=1, fov=fov)
     table = enc.table((H, W), dtype=F64)
+    assert table.dense is not None
     for layer, s_layer in enumerate([1.5, 1.0, 0.5]):
-        bias = table.layer(layer).bias
+        bias = table.layer(layer).block(0, 1 + H * W)
+        lazy = table.replace(dense=None).layer(layer)
+        torch.testing.assert_close(torch.cat([lazy.block(a, a + 7) for a in range(0, 21, 7)], dim=-2), bias)
         expected = torch.zeros_like(bias)
         for h in range(heads):
-            slope = s_layer * (1.0 if h < 8 else 2.0 ** -(2 * (h - 8) + 1))
+            slope = s_layer * (2.0 ** -(1 + h // 4) if h < 8 else 4.0 ** -(1 + h - 8))
             centre = CENTRES[h % 8] + (22.5 if fov == 45 else 0.0)
             for i in range(H * W):
                 for j in range(H * W):
@@ -195,19 +199,43 @@ def test_lookhere_bias_equals_a_double_loop(fov):
 
 
 def test_lookhere_worked_example_of_the_paper():
-    """3×3 grid, the centre query, the head looking right with a 90° field of view, first of 12 layers: it sees itself,
-    the token to its right (penalty 1.5) and the two right corners on the ±45° boundary (1.5·√2)."""
+    """3×3 grid, the centre query, the head looking right with a 90° field of view, first of 12 layers (layer slope
+    1.5, head slope 1/2): it sees itself, the token to its right (penalty 0.75) and the two right corners on the ±45°
+    boundary (0.75·√2)."""
     enc = PositionEncoding(16, 2, "lookhere", num_heads=12, depth=12, fov=90)
-    bias = enc.table((3, 3), dtype=F64).layer(0).bias[0, 4]  # head 0 looks right; token 4 is the centre
-    s2 = 1.5 * math.sqrt(2)
-    want = torch.tensor([-math.inf, -math.inf, -s2, -math.inf, 0, -1.5, -math.inf, -math.inf, -s2], dtype=F64)
+    bias = enc.table((3, 3), dtype=F64).layer(0).block(0, 9)[0, 4]  # head 0 looks right; token 4 is the centre
+    s2 = 0.75 * math.sqrt(2)
+    want = torch.tensor([-math.inf, -math.inf, -s2, -math.inf, 0, -0.75, -math.inf, -math.inf, -s2], dtype=F64)
     torch.testing.assert_close(bias, want)
 
 
 def test_lookhere_bias_is_built_once_per_grid():
     enc = PositionEncoding(16, 2, "lookhere", num_heads=3, depth=2).eval()
     assert enc.table((4, 4)) is enc.table((4, 4))
-    assert enc.table((4, 4)).bias.shape == (3, 16, 16)  # one (heads, N, N) bias, scaled per layer
+    assert enc.table((4, 4)).dense.shape == (3, 16, 16)  # one (heads, N, N) bias, scaled per layer
+    assert enc.table((128, 128)).dense is None  # a large grid's is built a block of queries at a time
+
+
+def test_lookhere_slopes_are_the_released_codes():
+    """GreenCUBIC/lookhere (lookhere.py): ``get_slopes(n)`` gives directed heads 2^-1 in the first group of four,
+    2^-2 in the next; ``get_none_slopes`` the undirected 4^-1 ... 4^-4 (the first two for two heads); ViT-B has 8
+    directed and 4 undirected heads, ViT-S 4 and 2 (its 6-head configuration)."""
+    from vit_rope.families.lookhere import head_slopes
+
+    assert head_slopes(8, 4) == [0.5] * 4 + [0.25] * 4 + [0.25, 0.0625, 0.015625, 0.00390625]
+    assert head_slopes(4, 2) == [0.5] * 4 + [0.25, 0.0625]
+    assert head_slopes(8, 8) == [0.5] * 4 + [0.25] * 4 + [
+        0.25,
+        0.25,
+        0.0625,
+        0.0625,
+        4.0**-3,
+        4.0**-3,
+        4.0**-4,
+        4.0**-4,
+    ]
+    enc = PositionEncoding(16, 2, "lookhere", num_heads=6)
+    assert enc.family.directed == 4 and enc.table((2, 2)).slopes.tolist() == [0.5] * 4 + [0.25, 0.0625]
 
 
 # ---------------------------------------------------------------------------------------------- token dropping
@@ -226,8 +254,10 @@ def test_kept_tokens_keep_their_positions(name):
     for layer in range(3):
         whole, kept = full.layer(layer), part.layer(layer)
         if not FAMILIES[name].rotary:
-            gathered = torch.stack([whole.bias[:, r][:, :, r] for r in rows])
-            torch.testing.assert_close(kept.bias, gathered, rtol=0, atol=0)
+            dense = whole.block(0, 21)
+            gathered = torch.stack([dense[:, r][:, :, r] for r in rows])
+            torch.testing.assert_close(kept.block(0, K + 1), gathered, rtol=0, atol=0)
+            torch.testing.assert_close(kept.replace(dense=None).block(0, K + 1), gathered, rtol=0, atol=1e-12)
             continue
         turned = whole.rotate(x)
         torch.testing.assert_close(kept.rotate(x.gather(2, pick)), turned.gather(2, pick), rtol=0, atol=1e-12)

@@ -164,15 +164,11 @@ class PositionEncoding(nn.Module):
         )
         return Extrapolation(self.scaling, scales, self.ref_grid)
 
-    def coordinates(
-        self, grid: Sequence[int] | None, positions: Tensor | None, device, dtype, keep: Tensor | None = None
-    ) -> Tensor:
-        """Token coordinates ``([B,] N, axes)`` after the coordinate modes and augmentation (prefix tokens excluded);
-        with ``keep (B, K)``, those of each sample's kept grid tokens."""
+    def coordinates(self, grid: Sequence[int] | None, positions: Tensor | None, device, dtype) -> Tensor:
+        """Token coordinates ``([B,] N, axes)`` after the coordinate modes and augmentation (prefix tokens excluded)."""
         ext = self.extrapolation(grid)
         if grid is not None:
             coords = grid_coordinates(grid, self.coords == "normalized", device, dtype)
-            coords = coords if keep is None else coords[keep.to(device)]  # (B, K, axes)
         else:
             coords = positions.to(device=device, dtype=dtype)
         if self.coords == "index":
@@ -214,14 +210,18 @@ class PositionEncoding(nn.Module):
             if device is not None
             else (positions.device if positions is not None else torch.device("cpu"))
         )
-        if keep is not None and grid is None:
-            raise ValueError("keep picks tokens of a grid: pass grid with it (explicit positions need no keep)")
-        key = self._cache_key(grid, device, dtype) if keep is None else None
+        if keep is not None:  # the grid's table (cached where it may be), each sample's rows of it
+            if grid is None:
+                raise ValueError("keep picks tokens of a grid: pass grid with it (explicit positions need no keep)")
+            p = self.num_prefix_tokens
+            prefix = torch.arange(p, device=keep.device).expand(keep.shape[0], p)
+            return self.table(grid, device=device, dtype=dtype).gather(torch.cat((prefix, keep + p), dim=1))
+        key = self._cache_key(grid, device, dtype)
         versions = tuple((id(p), p._version) for p in self.family.parameters())
         if key is not None and key in self._cache and self._cache[key][0] == versions:
             self._cache.move_to_end(key)
             return self._cache[key][1]
-        table = self._build(grid, positions, keep, device, dtype)
+        table = self._build(grid, positions, device, dtype)
         if key is not None:  # one entry a grid: a learned family's newer parameters replace it
             self._cache[key] = (versions, table)
             if len(self._cache) > _CACHE_SIZE:
@@ -247,18 +247,26 @@ class PositionEncoding(nn.Module):
         self.clear_cache()
         super()._load_from_state_dict(*args, **kwargs)
 
-    def _build(self, grid, positions, keep, device, dtype) -> Table:
+    def _build(self, grid, positions, device, dtype) -> Table:
         calc = torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
         ext = self.extrapolation(grid)
         with outside_autocast(device.type):
-            table = self.family.encode(self.coordinates(grid, positions, device, calc, keep), ext)
-            if self.num_prefix_tokens:
-                table = table.with_prefix(self.num_prefix_tokens)
+            table = self._encode(self.coordinates(grid, positions, device, calc), ext)
             temperature = self.family.temperature(ext)
             if temperature is not None:  # after the prefix rows: it scales every q·k logit, the cls token's too
                 table = table.with_temperature(temperature)
         built = next(t for t in table.tensors() if t is not None).dtype
         return table.to(dtype) if built != dtype else table
+
+    def _encode(self, coords: Tensor, ext: Extrapolation) -> Table:
+        """The family's table with the prefix tokens' rows first: unturned (and unbiased), or where the family places
+        them (``prefix_at_centre``: the tokens' centre, as ComRoPE's cls token)."""
+        p = self.num_prefix_tokens
+        if p and self.family.prefix_at_centre:
+            centre = coords.mean(dim=-2, keepdim=True).expand(*coords.shape[:-2], p, coords.shape[-1])
+            return self.family.encode(torch.cat((centre, coords), dim=-2), ext)
+        table = self.family.encode(coords, ext)
+        return table.with_prefix(p) if p else table
 
     def has_temperature(self, grid: Sequence[int] | None = None) -> bool:
         """Whether tables for ``grid`` scale as they turn (YaRN's attention temperature): they then suit q and k (the

@@ -63,6 +63,18 @@ def _turn_complex(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return torch.view_as_real(z * torch.complex(cos, sin)).flatten(-2)
 
 
+def _take(t: Tensor | None, rows: Tensor, dim: int) -> Tensor | None:
+    """Rows ``(B, T)`` of token dim ``dim`` (from the end) of ``t``, the sample dim first and a head dim kept:
+    ``([layer,] heads | 1, N, ...)`` → ``(B, [layer,] heads | 1, T, ...)``."""
+    if t is None:
+        return None
+    if t.dim() == -dim:  # no head dim: one for every head
+        t = t.unsqueeze(0)
+    at = t.dim() + dim
+    picked = t.index_select(at, rows.reshape(-1).to(t.device)).unflatten(at, rows.shape)
+    return picked.movedim(at, 0)
+
+
 def _prepend(t: Tensor, n: int, value: float, dim: int) -> Tensor:
     """``t`` with ``n`` entries of ``value`` first along dim ``dim`` (counted from the end): the rows of prefix
     tokens."""
@@ -186,6 +198,13 @@ class RotaryTable:
         return RotaryTable(self.cos, self.sin, self.blocks, None, self.layout, self.per_layer, self.scaled)
 
     @torch.jit.unused
+    def gather(self, rows: Tensor) -> "RotaryTable":
+        """Each sample's tokens ``rows (B, T)`` (prefix rows included): a per-sample table ``(B, [layer,] heads | 1,
+        T, ...)``."""
+        cos, sin = _take(self.cos, rows, -2), _take(self.sin, rows, -2)
+        return self.replace(cos=cos, sin=sin, blocks=_take(self.blocks, rows, -4))
+
+    @torch.jit.unused
     def with_prefix(self, n: int) -> "RotaryTable":
         """``n`` identity rows first: prefix tokens (cls, registers) stay unturned (``Pᵀ P = I`` with a basis)."""
         if self.blocks is not None:
@@ -221,44 +240,129 @@ class RotaryTable:
 
 
 class AttentionBias:
-    """An additive bias on attention logits, ``bias ([B,] heads, N, N)`` (``-inf`` where a key is hidden); a per-layer
-    bias is the same bias scaled by ``layer_scale[i]`` in layer i."""
+    """A bias on the attention logits of distance penalties and fields of view (LookHere): query i, key j and head h
+    get ``-slopes[h] · ‖xy_j - xy_i‖``, and ``-inf`` where a directed head's wedge (between its two rays, both
+    included) does not hold the offset; prefix tokens (the first ``num_prefix``) see and are seen by every token,
+    unpenalised. ``xy ([B,] N, 2)`` in (x right, y up); ``rays (heads, 2, 2)``: each head's start and end ray,
+    ``directed (heads,)``: which heads have a field of view; ``layer_scale (layers,)``: a per-layer factor.
 
-    def __init__(self, bias: Tensor, per_layer: bool = False, layer_scale: Tensor | None = None) -> None:
-        self.bias = bias
+    Attention takes the bias a block of queries at a time (:meth:`block`; as many queries as keep a block's logits
+    within ``block_bytes``, 4 MiB), so no ``N × N`` tensor need be held for a whole layer; ``dense``, the unscaled
+    ``([B,] heads, N, N)`` bias precomputed once per grid, serves small grids.
+    """
+
+    def __init__(
+        self,
+        xy: Tensor,
+        slopes: Tensor,
+        rays: Tensor,
+        directed: Tensor,
+        num_prefix: int = 0,
+        dense: Tensor | None = None,
+        per_layer: bool = False,
+        layer_scale: Tensor | None = None,
+        block_bytes: int = 1 << 22,
+    ) -> None:
+        self.xy = xy
+        self.slopes = slopes
+        self.rays = rays
+        self.directed = directed
+        self.num_prefix = num_prefix
+        self.dense = dense
         self.per_layer = per_layer
         self.layer_scale = layer_scale
+        self.block_bytes = block_bytes
 
     @property
     def num_tokens(self) -> int:
-        return self.bias.shape[-1]
+        return self.xy.shape[-2]
 
     @property
     def num_heads(self) -> int:
-        return self.bias.shape[-3] if self.bias.dim() >= 3 else 1
+        return self.slopes.shape[0]
 
     def layer(self, index: int) -> "AttentionBias":
+        """Layer ``index``'s bias: the layer's factor folded into the slopes (and the dense bias)."""
         scale = self.layer_scale
         if not self.per_layer or scale is None:
             return self
-        return AttentionBias(self.bias * scale[index], False, None)
+        dense = self.dense
+        return AttentionBias(
+            self.xy,
+            self.slopes * scale[index],
+            self.rays,
+            self.directed,
+            self.num_prefix,
+            None if dense is None else dense * scale[index],
+            False,
+            None,
+            self.block_bytes,
+        )
+
+    def block(self, start: int, stop: int) -> Tensor:
+        """The bias of queries ``start:stop`` against every key: ``([B,] heads, stop - start, N)``."""
+        dense = self.dense
+        if dense is not None:
+            return dense[..., start:stop, :]
+        query = self.xy[..., start:stop, :]
+        offset = self.xy.unsqueeze(-3) - query.unsqueeze(-2)  # key minus query: ([B,] r, N, 2)
+        bias = -self.slopes[:, None, None] * torch.linalg.vector_norm(offset, dim=-1).unsqueeze(
+            -3
+        )  # ([B,] heads, r, N)
+        dx, dy = offset[..., 0].unsqueeze(-3), offset[..., 1].unsqueeze(-3)  # ([B,] 1, r, N)
+        rays = self.rays.to(offset.dtype)[..., None, None]  # (heads, 2 rays, 2 coordinates, 1, 1)
+        ax, ay, bx, by = rays[:, 0, 0], rays[:, 0, 1], rays[:, 1, 0], rays[:, 1, 1]
+        inside = (ax * dy - ay * dx >= 0) & (dx * by - dy * bx >= 0)  # counter-clockwise of one, clockwise of other
+        visible = inside | ~self.directed[:, None, None]
+        bias = bias.masked_fill(~visible, float("-inf"))
+        p = self.num_prefix
+        if p > 0:  # prefix tokens: seen by every query, and seeing every key, unpenalised
+            prefix_key = torch.arange(bias.shape[-1], device=bias.device) < p
+            prefix_query = torch.arange(start, stop, device=bias.device)[:, None] < p
+            bias = bias.masked_fill(prefix_key | prefix_query, 0.0)
+        return bias
+
+    @torch.jit.unused
+    def densified(self) -> "AttentionBias":
+        """The same bias with its dense form precomputed (for a grid small enough to hold it)."""
+        return self.replace(dense=self.block(0, self.num_tokens))
+
+    @torch.jit.unused
+    def gather(self, rows: Tensor) -> "AttentionBias":
+        """Each sample's tokens ``rows (B, T)`` (prefix rows included)."""
+        rows = rows.to(self.xy.device)
+        xy = self.xy[rows] if self.xy.dim() == 2 else self.xy.gather(1, rows[..., None].expand(-1, -1, 2))
+        dense = self.dense
+        if dense is not None:
+            dense = torch.stack([dense[..., i][..., i, :] for i in rows])  # (B, heads, T, T)
+        return self.replace(xy=xy, dense=dense)
 
     @torch.jit.unused
     def with_prefix(self, n: int) -> "AttentionBias":
-        """Prefix tokens see every token and are seen by every token, with no penalty."""
-        return AttentionBias(_prepend(_prepend(self.bias, n, 0.0, -1), n, 0.0, -2), self.per_layer, self.layer_scale)
+        """``n`` prefix tokens first (their places in ``xy`` are placeholders: they have no position)."""
+        xy = torch.cat((self.xy.new_zeros(*self.xy.shape[:-2], n, 2), self.xy), dim=-2)
+        dense = self.dense
+        if dense is not None:
+            dense = _prepend(_prepend(dense, n, 0.0, -1), n, 0.0, -2)
+        return self.replace(xy=xy, num_prefix=self.num_prefix + n, dense=dense)
 
     @torch.jit.unused
     def to(self, dtype: torch.dtype) -> "AttentionBias":
-        return self.with_tensors(*(None if t is None else t.to(dtype) for t in self.tensors()))
+        floats = {k: v.to(dtype) for k, v in vars(self).items() if isinstance(v, Tensor) and v.is_floating_point()}
+        return self.replace(**floats)
 
     @torch.jit.unused
     def tensors(self) -> tuple:
-        return self.bias, self.layer_scale
+        return self.xy, self.slopes, self.dense, self.layer_scale
 
     @torch.jit.unused
-    def with_tensors(self, bias, layer_scale) -> "AttentionBias":
-        return AttentionBias(bias, self.per_layer, layer_scale)
+    def with_tensors(self, xy, slopes, dense, layer_scale) -> "AttentionBias":
+        return self.replace(xy=xy, slopes=slopes, dense=dense, layer_scale=layer_scale)
+
+    @torch.jit.unused
+    def replace(self, **changes) -> "AttentionBias":
+        """A copy with some fields changed."""
+        return AttentionBias(**{**vars(self), **changes})
 
 
 Table = RotaryTable | AttentionBias

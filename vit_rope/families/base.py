@@ -49,7 +49,9 @@ class Family(nn.Module):
       relative (``<R(a) q, R(b) k>`` depends on ``b - a`` alone);
     * ``model_name``: timm then registers ``vit_<model_name>_{tiny,small,base}``;
     * ``needs_heads``: it works per head, so ``num_heads`` is required; ``min_axes``, ``max_axes``: the coordinate
-      axes it takes; ``onnx``: its models export to ONNX (``matrix_exp`` and ``solve`` do not).
+      axes it takes; ``onnx``: its models export to ONNX (``matrix_exp`` and ``solve`` do not);
+    * ``prefix_at_centre`` (an attribute an instance may set): prefix tokens get the encoding of the tokens' centre
+      instead of none.
 
     ``depth=None`` shares one encoding across layers; with ``depth`` a learned family may learn one per layer and sets
     ``per_layer``.
@@ -64,6 +66,7 @@ class Family(nn.Module):
     min_axes: ClassVar[int] = 1
     max_axes: ClassVar[int | None] = None
     onnx: ClassVar[bool] = True
+    prefix_at_centre: bool = False  # prefix tokens (cls) encoded at the tokens' centre, not left unturned
 
     def __init__(
         self,

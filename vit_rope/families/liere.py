@@ -1,12 +1,19 @@
 """LieRE (Ostmeier et al., "LieRE: Lie Rotational Positional Encodings", ICML 2025, arXiv 2406.10322).
 
 ``R(p) = exp(Σ_a p_a A_a)`` with a learned skew-symmetric generator ``A_a`` per axis, block-diagonal in blocks of
-``block_size`` channels (the paper's best, LieRE_8; ``block_size=dim`` is the dense LieRE_64 of a 64-dim head;
-channels past the last block stay unturned), per layer and head (the paper's best setting). The generators need not
-commute, so attention is only approximately relative. Generators are the strict upper triangle of a learned matrix
-minus its transpose, initialised U[0, 2π) as the paper; its coordinates are ``index / (n - 1)`` at the training grid,
-ours patch indices, so the init is divided by ``n - 1`` of the reference grid's side. Learned: NTK and YaRN do not
-apply.
+``block_size`` channels (LieRE_8; ``block_size=dim`` is the dense LieRE_64 of a 64-dim head; channels past the last
+block stay unturned). The generators need not commute, so attention is only approximately relative. Generators are the
+strict upper triangle of a learned matrix minus its transpose, initialised U[0, 2π) as the paper; its coordinates are
+``index / (n - 1)`` at the training grid, ours patch indices, so the init is divided by ``n - 1`` of the reference
+grid's side. Learned: NTK and YaRN do not apply.
+
+Which generators are shared, as in the authors' released code (StanfordMIMI/LieRE):
+
+* default, ``per_layer=False, per_head=False``: one set for every layer and head, as its model defaults
+  (``models/model_args.py``) and its README's core implementation, in the LieRE_8 blocks of its ImageNet run; one
+  exponential a token and block a step;
+* ``per_layer=True, per_head=True``: its ``lightning_imagenet.sh`` and ``cifar100.yaml`` setting (the first commit's
+  ``imagenet_224.yaml`` shared them), 72 times the exponentials in a ViT-S.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ class LieRE(Family):
     onnx = False  # matrix_exp
 
     def __init__(
-        self, dim: int, axes: int, *, block_size: int = 8, per_layer: bool = True, per_head: bool = True, **common
+        self, dim: int, axes: int, *, block_size: int = 8, per_layer: bool = False, per_head: bool = False, **common
     ) -> None:
         super().__init__(dim, axes, **common)
         if per_head and self.num_heads is None:
