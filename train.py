@@ -43,6 +43,7 @@ from tqdm import tqdm
 from vit_rope.training.data import Data, build_data
 from vit_rope.training.distributed import all_sum, rank_world, resolve_device, setup_distributed
 from vit_rope.training.folder import (
+    MODEL_FILES,
     RESULT_FILES,
     RUN_FILES,
     append_csv,
@@ -71,16 +72,19 @@ def parse_config(argv: list[str] | None = None) -> tuple[Settings, dict]:
 
 # ------------------------------------------------------------------------------------- checks before a run
 def check_folder(settings: Settings, plan: list[Run]) -> list[Path]:
-    """--output can hold the run, and a fresh run replaces no earlier one unasked: it is refused where a run is
-    (its config.yaml), unless --resume or --overwrite; returns the folders of the earlier runs --overwrite deletes
-    the files of (by name)."""
+    """--output can hold the run, and a fresh run replaces no earlier one unasked: it is refused where a run's files
+    are (its config.yaml, results or log, or a run's checkpoint, weights or results where this one would write
+    them), unless --resume or --overwrite; returns the folders of the earlier runs --overwrite deletes the files of
+    (by name)."""
     out = check_output(settings.output)
     earlier = out / "config.yaml"
-    if settings.resume or not (earlier.exists() or earlier.is_symlink()):
+    found = [out / f for f in RUN_FILES] + [run.folder / f for run in plan for f in MODEL_FILES]
+    found = [p for p in found if p.exists() or p.is_symlink()]
+    if settings.resume or not found:
         return []
     if not settings.overwrite:
         raise SystemExit(
-            f"error: {out} holds a run already (its config.yaml); continue it with --resume, or replace it with "
+            f"error: {out} holds a run already ({found[0]}); continue it with --resume, or replace it with "
             "--overwrite (which deletes its results, log, config and each run's checkpoint.pt, model.safetensors and "
             "results.json), or choose another --output"
         )

@@ -3,6 +3,7 @@
     uv run python bench/throughput.py                      # CPU: all cores, batch 8, 224² and 384²
     uv run python bench/throughput.py --sizes 224 --repeats 25
     uv run python bench/throughput.py --processes 3        # the whole run three times, each figure summarised
+    uv run python bench/throughput.py --sections families --families comrope_ld liere lookhere --batch 16
     uv run python bench/throughput.py --device cuda --dtype bfloat16 --batch 128 --compile   # a GPU, compiled
     uv run python bench/throughput.py --device cuda --dtype bfloat16 --batch 128 --profile   # kernels of a train step
 
@@ -191,11 +192,11 @@ def rope_against_ape(setup: Setup, sizes: list[int], batch: int, repeats: int) -
         )
 
 
-def families_against_axial(setup: Setup, batch: int, repeats: int, size: int = 224) -> None:
-    """Each registered family's ViT-S against axial RoPE's on the same trunk: inference (tables cached per grid) and
-    the train step."""
+def families_against_axial(setup: Setup, batch: int, repeats: int, families: list[str], size: int = 224) -> None:
+    """Each family's ViT-S against axial RoPE's on the same trunk: inference (tables cached per grid) and the train
+    step."""
     x = torch.randn(batch, 3, size, size, device=setup.device)
-    for family in (name for name in vit_rope.FAMILIES if name != "axial"):
+    for family in (name for name in families if name != "axial"):
         other = setup.model("vit_rope_small", img_size=size, pos_embed=family)
         models = {"axial": setup.model("vit_rope_small", img_size=size), family: other}
         forward, step = setup.compare(models, x, repeats)
@@ -290,6 +291,7 @@ def main() -> None:
     p.add_argument("--compile", action="store_true", help="torch.compile every model")
     p.add_argument("--malloc", default="keep", choices=["keep", "default"], help="see the docstring")
     p.add_argument("--sections", nargs="+", default=SECTIONS, choices=SECTIONS)
+    p.add_argument("--families", nargs="+", choices=sorted(vit_rope.FAMILIES), help="the families section's families (default: every registered one)")
     p.add_argument("--processes", type=int, default=1, help="repeat the whole run in this many fresh processes")
     p.add_argument("--profile", action="store_true", help="only profile a train step of ours RoPE and ours APE")
     p.add_argument("--figures-json", help=argparse.SUPPRESS)  # where a child process leaves its figures
@@ -318,7 +320,7 @@ def main() -> None:
     if "apply" in args.sections:
         fast_path_against_reference(setup, args.batch, args.repeats)
     if "families" in args.sections:
-        families_against_axial(setup, args.batch, args.repeats)
+        families_against_axial(setup, args.batch, args.repeats, args.families or list(vit_rope.FAMILIES))
     if "video" in args.sections:
         video_against_image(setup, args.batch, max(args.repeats // 2, 3))
     if args.figures_json:

@@ -133,8 +133,12 @@ def test_a_broken_safetensors_file_is_one_line(damage, finished, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- the folder
-def test_a_fresh_run_into_a_finished_runs_folder_is_refused_and_changes_nothing(finished, tmp_path):
+@pytest.mark.parametrize("without", [None, "config.yaml"])
+def test_a_fresh_run_into_a_finished_runs_folder_is_refused_and_changes_nothing(without, finished, tmp_path):
+    """Refused where a run's config is, and where it is gone but the run's results or weights are."""
     run = copy_of(finished, tmp_path)
+    if without:
+        (run / without).unlink()
     before = snapshot(run)
     with pytest.raises(SystemExit) as stop:
         train.main([*EPOCH, "--output", str(run)])
@@ -183,10 +187,10 @@ def test_a_link_inside_the_output_is_never_written_through(link, tmp_path):
     command = [*EPOCH, "--output", str(out)]
     try:
         train.main(command)
-    except SystemExit as e:  # a lock that is a link: refused, one line; a config.yaml: a run is there
+    except SystemExit as e:  # a lock that is a link: refused, one line; a run's own file: a run is there
         assert str(e).startswith("error: ") and "\n" not in str(e)
-        assert (link, "holds a run already" in str(e)) in ((".lock", False), ("config.yaml", True)), str(e)
-        if link == "config.yaml":
+        assert ("holds a run already" in str(e)) == (link != ".lock"), str(e)
+        if link != ".lock":
             train.main([*command, "--overwrite"])  # the link goes, not what it points to
             assert not (out / link).is_symlink()
     assert target.read_text() == "precious"
