@@ -291,7 +291,12 @@ def main() -> None:
     p.add_argument("--compile", action="store_true", help="torch.compile every model")
     p.add_argument("--malloc", default="keep", choices=["keep", "default"], help="see the docstring")
     p.add_argument("--sections", nargs="+", default=SECTIONS, choices=SECTIONS)
-    p.add_argument("--families", nargs="+", choices=sorted(vit_rope.FAMILIES), help="the families section's families (default: every registered one)")
+    p.add_argument(
+        "--families",
+        nargs="+",
+        choices=sorted(vit_rope.FAMILIES),
+        help="the families section's families (default: every registered one)",
+    )
     p.add_argument("--processes", type=int, default=1, help="repeat the whole run in this many fresh processes")
     p.add_argument("--profile", action="store_true", help="only profile a train step of ours RoPE and ours APE")
     p.add_argument("--figures-json", help=argparse.SUPPRESS)  # where a child process leaves its figures
