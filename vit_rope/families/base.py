@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
@@ -119,9 +121,36 @@ class PairFamily(Family):
     (``"interleaved"`` pairs channels (2i, 2i+1), ``"half"`` pairs i with i + dim/2), the channels each axis turns
     (``axis_dims`` in grid axis order, or ``rotate_fraction`` of the channels in equal even sections), and the order of
     the sections (``grid_indexing``: ``"xy"``, the last axis first, RoPE-ViT's x then y; ``"ij"``, the first axis
-    first, DINOv3's y then x — timm's names for the two)."""
+    first, DINOv3's y then x — timm's names for the two).
+
+    ``p`` is p-RoPE (Barbero et al., "Round and Round We Go! What makes Rotary Positional Encodings useful?", ICLR
+    2025, arXiv 2410.06205): only the fraction p of the pairs with the highest frequencies keeps turning, the others
+    are left unturned (cos 1, sin 0), to carry content the way NoPE channels do. The paper's rule, for one 1D ladder of
+    n pairs: the ``floor(p · n)`` highest frequencies keep their values, the rest get frequency 0 (its Gemma code pads
+    the ladder with infinite wavelengths). Here it applies to each of the family's ladders (:meth:`frequency_groups`:
+    each axis's section by default, so that every axis keeps the same fraction of its own frequencies; one group where
+    pairs mix axes, as goldengate and the plane of spiral), ranked by :meth:`pair_frequencies`: the norm of each
+    pair's frequency vector, for a learned family its value at initialisation (by default axial RoPE's ladder of its
+    section at ``theta``, which string, mixed and a gain on axial start from), so that which pairs turn never depends on
+    training. Learned frequencies of the unturned pairs stay parameters but are masked out of the table (their
+    gradient is zero). Unlike ``rotate_fraction``, which leaves channels unrotated by position in the layout, p picks
+    pairs by frequency. Every subclass's :meth:`encode` applies it (``__init_subclass__`` wraps it), so a family
+    written elsewhere takes ``p`` too; p = 1 leaves the table as it is.
+    """
 
     default_theta: ClassVar[float] = 100.0
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        encode = cls.__dict__.get("encode")
+        if encode is not None and not getattr(encode, "applies_p", False):
+
+            @functools.wraps(encode)
+            def encode_then_mask(self, coords: Tensor, extrapolation: Extrapolation) -> Table:
+                return self.keep_rotating(encode(self, coords, extrapolation))
+
+            encode_then_mask.applies_p = True
+            cls.encode = encode_then_mask
 
     def __init__(
         self,
@@ -133,9 +162,17 @@ class PairFamily(Family):
         axis_dims: Sequence[int] | None = None,
         rotate_fraction: float | None = None,
         grid_indexing: str = "xy",
+        p: float = 1.0,
         **common,
     ) -> None:
         super().__init__(dim, axes, **common)
+        if isinstance(p, bool) or not isinstance(p, int | float) or not 0.0 < p <= 1.0:
+            raise ValueError(
+                f"p={p!r} must be a number in (0, 1]: the fraction of channel pairs, the highest frequencies, that "
+                "keep turning (p-RoPE; 1 turns them all)"
+            )
+        self.p = float(p)
+        self._rotating: Tensor | None = None  # p-RoPE's mask of the pairs that turn, made on first use
         if grid_indexing not in ("xy", "ij"):
             raise ValueError(f"grid_indexing={grid_indexing!r}: choose 'xy' (the last axis first: x) or 'ij' (y first)")
         self.grid_indexing = grid_indexing
@@ -164,11 +201,49 @@ class PairFamily(Family):
         angles = coords @ self.frequency_matrix(extrapolation).to(coords)  # (..., N, P)
         if coords.ndim == 3:  # per-sample positions (B, N, axes): a head dim to broadcast over
             angles = angles.unsqueeze(1)
-        return RotaryTable(angles.cos(), angles.sin(), layout=self.layout)
+        return self.keep_rotating(RotaryTable(angles.cos(), angles.sin(), layout=self.layout))
+
+    # ------------------------------------------------------------------------------------------------ p-RoPE
+    def frequency_groups(self) -> list[Tensor]:
+        """The pairs of each frequency ladder that p-RoPE cuts on its own: by default each axis's section."""
+        return [torch.arange(pairs.start, pairs.stop) for _, pairs in self.sections()]
+
+    def pair_frequencies(self) -> Tensor:
+        """Each pair's frequency, ``(dim // 2,)`` float64, as p-RoPE ranks them: the norm of its frequency vector (the
+        largest over heads) for a fixed family; for a learned one, axial RoPE's ladder of each section at ``theta``,
+        the value its frequencies start from (families that start elsewhere override this)."""
+        if type(self).frequency_matrix is not PairFamily.frequency_matrix:
+            F = self.frequency_matrix()  # ([heads,] axes, P)
+            return F.norm(dim=-2).reshape(-1, F.shape[-1]).amax(0)
+        f = torch.zeros(self.dim // 2, dtype=torch.float64)
+        for axis, pairs in self.sections():
+            d = self.axis_dims[axis]
+            f[pairs] = self.theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+        return f
+
+    def rotating_pairs(self) -> Tensor:
+        """p-RoPE's ``(dim // 2,)`` bool mask of the pairs that turn: in each group the ``floor(p · n)`` pairs of the
+        highest frequencies (ties to the earlier pair); everything outside the groups is left as it is (True)."""
+        if self._rotating is None:
+            keep = torch.ones(self.dim // 2, dtype=torch.bool)
+            if self.p < 1.0:
+                f = self.pair_frequencies()
+                for group in self.frequency_groups():
+                    order = torch.sort(-f[group], stable=True).indices  # highest first, ties in pair order
+                    keep[group[order[math.floor(self.p * len(group)) :]]] = False
+            self._rotating = keep
+        return self._rotating
+
+    def keep_rotating(self, table: Table) -> Table:
+        """The table with p-RoPE's unturned pairs set to the identity (cos 1, sin 0); as it is for p = 1."""
+        if self.p == 1.0 or not isinstance(table, RotaryTable) or table.cos is None:
+            return table
+        keep = self.rotating_pairs().to(table.cos.device)
+        return table.replace(cos=torch.where(keep, table.cos, 1.0), sin=torch.where(keep, table.sin, 0.0))
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, axis_dims={self.axis_dims}, theta={self.theta}, layout={self.layout}, " + (
-            f"grid_indexing={self.grid_indexing}"
+            f"grid_indexing={self.grid_indexing}" + (f", p={self.p}" if self.p < 1 else "")
         )
 
 

@@ -110,6 +110,11 @@ class Spiral(PairFamily):
             )
         return F
 
+    def frequency_groups(self) -> list[Tensor]:
+        """p-RoPE cuts the plane's ladder as one (its pairs mix both axes) and each leading axis's section alone."""
+        plane = torch.arange(self.plane_dims // 2)
+        return [plane] + [torch.arange(p.start, p.stop) for _, p in sections(self.axis_dims[:-2], start=len(plane))]
+
     def plane_scale(self, extrapolation: Extrapolation) -> float:
         """One scale factor for the plane (directions mix its axes): the larger of its two."""
         return max(extrapolation.scales[-2:])
