@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from .coords import augment, grid_coordinates, scale_factors, scaled_coordinates
 from .families import FAMILIES, Extrapolation, create_family
+from .families.base import PairFamily
 from .tables import Table, apply_rotary, outside_autocast, tracing
 
 __all__ = ["SCALING_MODES", "PositionEncoding", "RotaryEmbedding", "unscripted"]
@@ -259,14 +260,17 @@ class PositionEncoding(nn.Module):
         return table.to(dtype) if built != dtype else table
 
     def _encode(self, coords: Tensor, ext: Extrapolation) -> Table:
-        """The family's table with the prefix tokens' rows first: unturned (and unbiased), or where the family places
-        them (``prefix_at_centre``: the tokens' centre, as ComRoPE's cls token)."""
-        p = self.num_prefix_tokens
-        if p and self.family.prefix_at_centre:
-            centre = coords.mean(dim=-2, keepdim=True).expand(*coords.shape[:-2], p, coords.shape[-1])
-            return self.family.encode(torch.cat((centre, coords), dim=-2), ext)
-        table = self.family.encode(coords, ext)
-        return table.with_prefix(p) if p else table
+        """The family's table (p-RoPE's unturned pairs applied), with the prefix tokens' rows first: unturned (and
+        unbiased), or where the family places them (``prefix_at_centre``: the tokens' centre, as ComRoPE's cls
+        token)."""
+        p, family = self.num_prefix_tokens, self.family
+        centre = p > 0 and family.prefix_at_centre
+        if centre:
+            coords = torch.cat((coords.mean(dim=-2, keepdim=True).expand(*coords.shape[:-2], p, -1), coords), dim=-2)
+        table = family.encode(coords, ext)
+        if isinstance(family, PairFamily):  # p-RoPE: the pairs that do not turn, set to the identity
+            table = family.keep_rotating(table)
+        return table.with_prefix(p) if p and not centre else table
 
     def has_temperature(self, grid: Sequence[int] | None = None) -> bool:
         """Whether tables for ``grid`` scale as they turn (YaRN's attention temperature): they then suit q and k (the

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -134,23 +133,12 @@ class PairFamily(Family):
     section at ``theta``, which string, mixed and a gain on axial start from), so that which pairs turn never depends on
     training. Learned frequencies of the unturned pairs stay parameters but are masked out of the table (their
     gradient is zero). Unlike ``rotate_fraction``, which leaves channels unrotated by position in the layout, p picks
-    pairs by frequency. Every subclass's :meth:`encode` applies it (``__init_subclass__`` wraps it), so a family
-    written elsewhere takes ``p`` too; p = 1 leaves the table as it is.
+    pairs by frequency. The pipeline applies it to whatever :meth:`encode` returns (:meth:`keep_rotating`, called by
+    :class:`~vit_rope.position_encoding.PositionEncoding`), so a family written elsewhere takes ``p`` too; p = 1
+    leaves the table as it is.
     """
 
     default_theta: ClassVar[float] = 100.0
-
-    def __init_subclass__(cls, **kwargs) -> None:
-        super().__init_subclass__(**kwargs)
-        encode = cls.__dict__.get("encode")
-        if encode is not None and not getattr(encode, "applies_p", False):
-
-            @functools.wraps(encode)
-            def encode_then_mask(self, coords: Tensor, extrapolation: Extrapolation) -> Table:
-                return self.keep_rotating(encode(self, coords, extrapolation))
-
-            encode_then_mask.applies_p = True
-            cls.encode = encode_then_mask
 
     def __init__(
         self,
@@ -201,7 +189,7 @@ class PairFamily(Family):
         angles = coords @ self.frequency_matrix(extrapolation).to(coords)  # (..., N, P)
         if coords.ndim == 3:  # per-sample positions (B, N, axes): a head dim to broadcast over
             angles = angles.unsqueeze(1)
-        return self.keep_rotating(RotaryTable(angles.cos(), angles.sin(), layout=self.layout))
+        return RotaryTable(angles.cos(), angles.sin(), layout=self.layout)
 
     # ------------------------------------------------------------------------------------------------ p-RoPE
     def frequency_groups(self) -> list[Tensor]:
