@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from timm.layers._fx import register_notrace_function, register_notrace_module
 from torch import Tensor, nn
 
-from .tables import AttentionBias, ParabolicBias, RotaryTable, Table
+from .tables import AttentionBias, ParabolicBias, RotaryTable, Table, outside_autocast
 
 __all__ = ["ROPE_TARGETS", "Attention", "attend", "fold_basis", "parse_rope_targets"]
 
@@ -55,8 +55,13 @@ def attend(qkv: Tensor, table: Table | None, num_heads: int, targets: str, dropo
         if table.per_layer:
             raise ValueError("attention takes the table of one layer: pick it with table.layer(i)")
         scale = q.shape[-1] ** -0.5
-        q, k = table.extend(q, k)
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=scale)
+        q, k = table.extend(q, k)  # float32 at least (16-bit columns would round the bias away at large offsets)
+        if torch.jit.is_scripting():
+            x = F.scaled_dot_product_attention(q, k, v.to(q.dtype), dropout_p=dropout, scale=scale)
+        else:
+            with outside_autocast(q.device.type):  # autocast would round q and k to 16 bits again
+                x = F.scaled_dot_product_attention(q, k, v.to(q.dtype), dropout_p=dropout, scale=scale)
+        return x.to(v.dtype)
     if table is not None:
         if table.per_layer:
             raise ValueError("attention takes the table of one layer: pick it with table.layer(i)")

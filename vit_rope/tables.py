@@ -426,7 +426,9 @@ class ParabolicBias:
 
     def extend(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         """``q, k (B, heads, N, d)`` with the bias's columns appended (zeros up to a multiple of 8 channels, which
-        fused attention kernels prefer), so that ``q' · k' = q · k + √d · bias``; q's and k's dtypes."""
+        fused attention kernels prefer), so that ``q' · k' = q · k + √d · bias``; in float32 at least: the bias is a
+        difference of terms that grow as ``‖p‖²``, and rounding them to 16 bits would move the logits by ~2⁻⁹ of those
+        (0.5 at 14×14 under bfloat16 with the init's parabolas, 16 at 64×64), so attention takes them in float32."""
         if torch.jit.is_scripting():
             query, key = self._columns(q)
         else:
@@ -436,15 +438,17 @@ class ParabolicBias:
         pad = -(q.shape[-1] + query.shape[-1]) % 8
         if pad > 0:
             query, key = F.pad(query, [0, pad]), F.pad(key, [0, pad])
-        return torch.cat((q, query.to(q.dtype)), dim=-1), torch.cat((k, key.to(k.dtype)), dim=-1)
+        dtype = torch.promote_types(q.dtype, torch.float32)
+        return torch.cat((q.to(dtype), query.to(dtype)), dim=-1), torch.cat((k.to(dtype), key.to(dtype)), dim=-1)
 
     def _columns(self, q: Tensor) -> tuple[Tensor, Tensor]:
         """The queries' columns ``(B, heads, N, E)`` and the keys' ``([B,] 1, N, E)``, ``E = axes² + axes + 1``."""
-        W = self.directions  # (heads, M, axes)
-        p = self.coords.to(W.dtype)  # ([B,] N, axes)
-        x = q.to(W.dtype)
-        a = F.softplus(x @ self.curvature)  # (B, heads, N, M): curvatures, positive (the bias decays with distance)
-        b = x @ self.slope  # (B, heads, N, M)
+        dtype = torch.promote_types(self.coords.dtype, self.directions.dtype)  # a float64 grid computes in float64
+        W = self.directions.to(dtype)  # (heads, M, axes)
+        p = self.coords.to(dtype)  # ([B,] N, axes)
+        x = q.to(dtype)
+        a = F.softplus(x @ self.curvature.to(dtype))  # (B, heads, N, M): curvatures, positive (decay with distance)
+        b = x @ self.slope.to(dtype)  # (B, heads, N, M)
         u = p.unsqueeze(-3) @ W.mT  # ([B,] heads, N, M): each query's position along each parabola's direction
         outer = (W.unsqueeze(-1) * W.unsqueeze(-2)).flatten(-2)  # (heads, M, axes²): w_m w_mᵀ
         quadratic = a @ outer  # vec(A_i)
