@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vit_rope import FAMILIES, PositionEncoding, RotaryEmbedding
+from vit_rope import FAMILIES, ParabolicBias, PositionEncoding, RotaryEmbedding
 
 F64 = torch.float64
 DIM, HEADS = 24, 2  # 24 channels split into 3 axes of 8, 2 axes of 12, blocks of 8 and 6 spiral directions alike
@@ -253,6 +253,13 @@ def test_kept_tokens_keep_their_positions(name):
     pick = rows[:, None, :, None].expand(B, HEADS, K + 1, DIM)
     for layer in range(3):
         whole, kept = full.layer(layer), part.layer(layer)
+        if isinstance(whole, ParabolicBias):  # columns appended to q and k: each kept token's are the grid's
+            q, k = torch.randn(2, B, HEADS, 21, DIM, dtype=F64)
+            index = rows[:, None, :, None]
+            gathered = [t.gather(2, index.expand(B, HEADS, K + 1, t.shape[-1])) for t in whole.extend(q, k)]
+            for got, want in zip(kept.extend(q.gather(2, pick), k.gather(2, pick)), gathered, strict=True):
+                torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+            continue
         if not FAMILIES[name].rotary:
             dense = whole.block(0, 21)
             gathered = torch.stack([dense[:, r][:, :, r] for r in rows])

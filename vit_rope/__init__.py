@@ -4,7 +4,7 @@ from . import video, vit  # noqa: F401  (register the models in timm)
 from .checkpoint import checkpoint_filter_fn
 from .families import FAMILIES, Family, register_family
 from .position_encoding import SCALING_MODES, PositionEncoding, RotaryEmbedding
-from .tables import AttentionBias, RotaryTable, apply_rotary
+from .tables import AttentionBias, ParabolicBias, RotaryTable, apply_rotary
 from .video import VideoVisionTransformer
 from .vit import VisionTransformer
 
@@ -13,6 +13,7 @@ __all__ = [
     "SCALING_MODES",
     "AttentionBias",
     "Family",
+    "ParabolicBias",
     "PositionEncoding",
     "RotaryEmbedding",
     "RotaryTable",

@@ -4,7 +4,8 @@
 VO-RoPE ("second kind" RoPE, Su 2025, kexue.fm/archives/10862): v is turned by the key's position and the attention
 output back by the query's, ``o_i = R_iᵀ Σ_j a_ij R_j v_j = Σ_j a_ij R_{j-i} v_j``, so the output again depends only
 on relative positions. Any subset (``"q"``, ``"k"``, ``"v"``, ``"o"``, ``"qkv"``, ``"qkvo"``, ``"none"``) serves the
-ablation. An attention bias (LookHere) is added to the logits instead.
+ablation. An attention bias (LookHere) is added to the logits instead; a parabolic bias (PaPE) appends columns to q
+and k whose products are its bias.
 """
 
 import torch
@@ -12,7 +13,7 @@ import torch.nn.functional as F
 from timm.layers._fx import register_notrace_function, register_notrace_module
 from torch import Tensor, nn
 
-from .tables import AttentionBias, RotaryTable, Table
+from .tables import AttentionBias, ParabolicBias, RotaryTable, Table, outside_autocast
 
 __all__ = ["ROPE_TARGETS", "Attention", "attend", "fold_basis", "parse_rope_targets"]
 
@@ -42,13 +43,25 @@ def fold_basis(weight: Tensor, bias: Tensor | None, basis: Tensor, num_heads: in
 def attend(qkv: Tensor, table: Table | None, num_heads: int, targets: str, dropout: float) -> Tensor:
     """Attention over a qkv projection ``(B, N, 3 · heads · dim)`` → ``(B, heads, N, dim)``: q, k, v turned by a
     rotary table as ``targets`` says (letters of "qkvo"; "o": the output turned back by each query's rotation), or the
-    logits biased by an attention bias."""
+    logits biased by an attention bias (LookHere's a block of queries at a time; PaPE's as columns appended to q and k,
+    in one SDPA call whose ``scale`` stays the head dim's 1/√d)."""
     B, N, _ = qkv.shape
     q, k, v = qkv.view(B, N, 3, num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)  # (B, heads, N, dim) each
     if isinstance(table, AttentionBias):
         if table.per_layer:
             raise ValueError("attention takes the table of one layer: pick it with table.layer(i)")
         return attend_biased(q, k, v, table, dropout)
+    if isinstance(table, ParabolicBias):
+        if table.per_layer:
+            raise ValueError("attention takes the table of one layer: pick it with table.layer(i)")
+        scale = q.shape[-1] ** -0.5
+        q, k = table.extend(q, k)  # float32 at least (16-bit columns would round the bias away at large offsets)
+        if torch.jit.is_scripting():
+            x = F.scaled_dot_product_attention(q, k, v.to(q.dtype), dropout_p=dropout, scale=scale)
+        else:
+            with outside_autocast(q.device.type):  # autocast would round q and k to 16 bits again
+                x = F.scaled_dot_product_attention(q, k, v.to(q.dtype), dropout_p=dropout, scale=scale)
+        return x.to(v.dtype)
     if table is not None:
         if table.per_layer:
             raise ValueError("attention takes the table of one layer: pick it with table.layer(i)")

@@ -5,6 +5,8 @@
   (``blocks``: ComRoPE, LieRE); either optionally inside an orthogonal change of basis (``basis``: Cayley-STRING's
   ``R = Pᵀ · turn · P``).
 * :class:`AttentionBias`: an additive bias on the attention logits (LookHere).
+* :class:`ParabolicBias`: a bias on the logits that is an inner product of a few columns appended to q and k (PaPE),
+  so attention stays one SDPA call with no ``N × N`` bias at all.
 
 Leading dims broadcast against attention's ``(B, heads, N, dim)``: ``([B,] [layer,] [heads,] N, ...)``, where per-sample
 tables (token dropping) and per-layer ones always carry a head dim (1 when heads share it); a table whose
@@ -18,9 +20,19 @@ and k here too.
 from contextlib import nullcontext
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["AttentionBias", "RotaryTable", "Table", "apply_rotary", "outside_autocast", "rotate_pairs", "tracing"]
+__all__ = [
+    "AttentionBias",
+    "ParabolicBias",
+    "RotaryTable",
+    "Table",
+    "apply_rotary",
+    "outside_autocast",
+    "rotate_pairs",
+    "tracing",
+]
 
 
 def tracing() -> bool:
@@ -365,13 +377,128 @@ class AttentionBias:
         return AttentionBias(**{**vars(self), **changes})
 
 
-Table = RotaryTable | AttentionBias
+class ParabolicBias:
+    """A sum of parabolas over each pair's offset, on the logits (PaPE), applied as extra columns of q and k.
+
+    Query i, key j and head h (a per-head tensor's rows are ``h``) get ``Σ_m [-a_im (w_m · δ)² + b_im (w_m · δ)] / √d``
+    with ``δ = p_j - p_i``: parabola m looks along ``w_m`` (``directions ([layer,] heads, M, axes)``), its curvature
+    ``a_i = softplus(q_i · curvature)`` and slope ``b_i = q_i · slope`` (``([layer,] heads, dim, M)`` each) come from
+    the query; ``d`` is the head dim, so the bias is divided as q·k is. With ``A_i = Σ_m a_im w_m w_mᵀ`` and
+    ``β_i = Σ_m b_im w_m`` the sum is ``-δᵀ A_i δ + β_i · δ``, which expands into ``axes² + axes + 1`` products of a
+    query column and a key column (:meth:`extend`): the keys' ``vec(p_j p_jᵀ)``, ``p_j`` and 1 against the queries'
+    ``-vec(A_i)``, ``2 A_i p_i + β_i`` and ``-p_iᵀ A_i p_i - β_i · p_i``. Nothing of size ``N × N`` is held.
+
+    ``coords ([B,] N, axes)``: token positions (the family centres them: the bias depends on offsets alone, and centred
+    coordinates keep the expanded terms, which grow as ``‖p‖²``, small); prefix tokens (the first ``num_prefix``) get
+    zero columns, so they see and are seen by every token with no bias.
+    """
+
+    def __init__(
+        self,
+        coords: Tensor,
+        directions: Tensor,
+        curvature: Tensor,
+        slope: Tensor,
+        num_prefix: int = 0,
+        per_layer: bool = False,
+    ) -> None:
+        self.coords = coords
+        self.directions = directions
+        self.curvature = curvature
+        self.slope = slope
+        self.num_prefix = num_prefix
+        self.per_layer = per_layer
+
+    @property
+    def num_tokens(self) -> int:
+        return self.coords.shape[-2]
+
+    @property
+    def num_heads(self) -> int:
+        return self.directions.shape[-3]
+
+    def layer(self, index: int) -> "ParabolicBias":
+        """The parabolas of model layer ``index`` (a table shared by every layer is returned as it is)."""
+        if not self.per_layer:
+            return self
+        pick = [t.select(0, index) for t in (self.directions, self.curvature, self.slope)]
+        return ParabolicBias(self.coords, pick[0], pick[1], pick[2], self.num_prefix, False)
+
+    def extend(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        """``q, k (B, heads, N, d)`` with the bias's columns appended (zeros up to a multiple of 8 channels, which
+        fused attention kernels prefer), so that ``q' · k' = q · k + √d · bias``; in float32 at least: the bias is a
+        difference of terms that grow as ``‖p‖²``, and rounding them to 16 bits would move the logits by ~2⁻⁹ of those
+        (0.5 at 14×14 under bfloat16 with the init's parabolas, 16 at 64×64), so attention takes them in float32."""
+        if torch.jit.is_scripting():
+            query, key = self._columns(q)
+        else:
+            with outside_autocast(q.device.type):  # the expansion cancels large terms: the table's precision
+                query, key = self._columns(q)
+        key = key.expand(k.shape[0], k.shape[1], k.shape[2], key.shape[-1])
+        pad = -(q.shape[-1] + query.shape[-1]) % 8
+        if pad > 0:
+            query, key = F.pad(query, [0, pad]), F.pad(key, [0, pad])
+        dtype = torch.promote_types(q.dtype, torch.float32)
+        return torch.cat((q.to(dtype), query.to(dtype)), dim=-1), torch.cat((k.to(dtype), key.to(dtype)), dim=-1)
+
+    def _columns(self, q: Tensor) -> tuple[Tensor, Tensor]:
+        """The queries' columns ``(B, heads, N, E)`` and the keys' ``([B,] 1, N, E)``, ``E = axes² + axes + 1``."""
+        dtype = torch.promote_types(self.coords.dtype, self.directions.dtype)  # a float64 grid computes in float64
+        W = self.directions.to(dtype)  # (heads, M, axes)
+        p = self.coords.to(dtype)  # ([B,] N, axes)
+        x = q.to(dtype)
+        a = F.softplus(x @ self.curvature.to(dtype))  # (B, heads, N, M): curvatures, positive (decay with distance)
+        b = x @ self.slope.to(dtype)  # (B, heads, N, M)
+        u = p.unsqueeze(-3) @ W.mT  # ([B,] heads, N, M): each query's position along each parabola's direction
+        outer = (W.unsqueeze(-1) * W.unsqueeze(-2)).flatten(-2)  # (heads, M, axes²): w_m w_mᵀ
+        quadratic = a @ outer  # vec(A_i)
+        linear = (2 * a * u + b) @ W  # 2 A_i p_i + β_i
+        constant = -(a * u * u + b * u).sum(dim=-1, keepdim=True)  # -p_iᵀ A_i p_i - β_i · p_i
+        patch = (torch.arange(p.shape[-2], device=p.device) >= self.num_prefix).to(p.dtype).unsqueeze(-1)
+        query = torch.cat((-quadratic, linear, constant), dim=-1) * patch  # SDPA's 1/√d divides them as it does q·k
+        squares = (p.unsqueeze(-1) * p.unsqueeze(-2)).flatten(-2)  # vec(p_j p_jᵀ)
+        key = torch.cat((squares, p, torch.ones_like(p[..., :1])), dim=-1) * patch
+        return query, key.unsqueeze(-3)
+
+    @torch.jit.unused
+    def gather(self, rows: Tensor) -> "ParabolicBias":
+        """Each sample's tokens ``rows (B, T)`` (prefix rows first, as the caller puts them)."""
+        rows = rows.to(self.coords.device)
+        c = self.coords
+        coords = c[rows] if c.dim() == 2 else c.gather(1, rows[..., None].expand(-1, -1, c.shape[-1]))
+        return self.replace(coords=coords)
+
+    @torch.jit.unused
+    def with_prefix(self, n: int) -> "ParabolicBias":
+        """``n`` prefix tokens first (their coordinates are placeholders: their columns are zero)."""
+        coords = torch.cat((self.coords.new_zeros(*self.coords.shape[:-2], n, self.coords.shape[-1]), self.coords), -2)
+        return self.replace(coords=coords, num_prefix=self.num_prefix + n)
+
+    @torch.jit.unused
+    def to(self, dtype: torch.dtype) -> "ParabolicBias":
+        return self.with_tensors(*(t.to(dtype) for t in self.tensors()))
+
+    @torch.jit.unused
+    def tensors(self) -> tuple:
+        return self.coords, self.directions, self.curvature, self.slope
+
+    @torch.jit.unused
+    def with_tensors(self, coords, directions, curvature, slope) -> "ParabolicBias":
+        return self.replace(coords=coords, directions=directions, curvature=curvature, slope=slope)
+
+    @torch.jit.unused
+    def replace(self, **changes) -> "ParabolicBias":
+        """A copy with some fields changed."""
+        return ParabolicBias(**{**vars(self), **changes})
+
+
+Table = RotaryTable | AttentionBias | ParabolicBias
 
 
 def apply_rotary(x: Tensor, table: RotaryTable, inverse: bool = False) -> Tensor:
     """Rotate ``x (..., N, dim)`` by ``table`` (``inverse=True`` turns back: Rᵀ), checking that they fit; x's dtype."""
-    if isinstance(table, AttentionBias):
-        raise ValueError("an attention bias (LookHere) does not rotate vectors: attention adds it to its logits")
+    if isinstance(table, AttentionBias | ParabolicBias):
+        raise ValueError("an attention bias (LookHere, PaPE) does not rotate vectors: attention adds it to its logits")
     if x.shape[-2] != table.num_tokens:
         raise ValueError(
             f"x has {x.shape[-2]} tokens but the rotary table has {table.num_tokens}; the grid (plus prefix tokens) "

@@ -39,7 +39,7 @@ from .checkpoint import checkpoint_filter_fn, resample_grid_embed
 from .checks import check_global_pool, check_image_input, check_rates, check_sizes
 from .families import FAMILIES, Family, on_register
 from .position_encoding import PositionEncoding, unscripted
-from .tables import AttentionBias, RotaryTable, Table
+from .tables import AttentionBias, ParabolicBias, RotaryTable, Table
 
 __all__ = ["VisionTransformer", "family_of", "pos_embed_names"]
 
@@ -141,6 +141,8 @@ def layer_table(table: Table | None, index: int) -> Table | None:
     if isinstance(table, RotaryTable):
         return table.layer(index)
     if isinstance(table, AttentionBias):
+        return table.layer(index)
+    if isinstance(table, ParabolicBias):
         return table.layer(index)
     return None
 

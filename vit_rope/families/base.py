@@ -36,8 +36,9 @@ class Extrapolation:
 
 class Family(nn.Module):
     """Encodes token coordinates ``([B,] N, axes)`` as what attention applies (:meth:`encode`): a rotation per head (a
-    :class:`~vit_rope.tables.RotaryTable`) or a bias on its logits (an :class:`~vit_rope.tables.AttentionBias`), for
-    prefix-free tokens; the caller (:class:`~vit_rope.position_encoding.PositionEncoding`) adds prefix rows and caches.
+    :class:`~vit_rope.tables.RotaryTable`) or a bias on its logits (an :class:`~vit_rope.tables.AttentionBias`, or a
+    :class:`~vit_rope.tables.ParabolicBias` of columns appended to q and k), for prefix-free tokens; the caller
+    (:class:`~vit_rope.position_encoding.PositionEncoding`) adds prefix rows and caches.
     A family defines ``encode`` rather than ``forward``: TorchScript compiles every submodule's ``forward``, and
     families are Python that a scripted model calls back into (``torch.jit.ignore``).
 
