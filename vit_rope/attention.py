@@ -54,14 +54,7 @@ def attend(qkv: Tensor, table: Table | None, num_heads: int, targets: str, dropo
     if isinstance(table, ParabolicBias):
         if table.per_layer:
             raise ValueError("attention takes the table of one layer: pick it with table.layer(i)")
-        scale = q.shape[-1] ** -0.5
-        q, k = table.extend(q, k)  # float32 at least (16-bit columns would round the bias away at large offsets)
-        if torch.jit.is_scripting():
-            x = F.scaled_dot_product_attention(q, k, v.to(q.dtype), dropout_p=dropout, scale=scale)
-        else:
-            with outside_autocast(q.device.type):  # autocast would round q and k to 16 bits again
-                x = F.scaled_dot_product_attention(q, k, v.to(q.dtype), dropout_p=dropout, scale=scale)
-        return x.to(v.dtype)
+        return attend_parabolic(q, k, v, table, dropout)
     if table is not None:
         if table.per_layer:
             raise ValueError("attention takes the table of one layer: pick it with table.layer(i)")
@@ -88,6 +81,19 @@ def attend_biased(q: Tensor, k: Tensor, v: Tensor, table: AttentionBias, dropout
         bias = table.block(start, stop).to(q.dtype).expand(B, heads, stop - start, N)
         out.append(F.scaled_dot_product_attention(q[:, :, start:stop], k, v, attn_mask=bias, dropout_p=dropout))
     return out[0] if len(out) == 1 else torch.cat(out, dim=2)
+
+
+def attend_parabolic(q: Tensor, k: Tensor, v: Tensor, table: ParabolicBias, dropout: float) -> Tensor:
+    """Attention whose logits carry a parabolic bias as the products of columns appended to q and k: one SDPA call,
+    no ``N × N`` bias, its ``scale`` the head dim's 1/√d."""
+    scale = q.shape[-1] ** -0.5
+    q, k = table.extend(q, k)  # float32 at least (16-bit columns would round the bias away at large offsets)
+    if torch.jit.is_scripting():
+        x = F.scaled_dot_product_attention(q, k, v.to(q.dtype), dropout_p=dropout, scale=scale)
+    else:
+        with outside_autocast(q.device.type):  # autocast would round q and k to 16 bits again
+            x = F.scaled_dot_product_attention(q, k, v.to(q.dtype), dropout_p=dropout, scale=scale)
+    return x.to(v.dtype)
 
 
 @register_notrace_module  # a leaf for torch.fx: whether a basis folds into qkv depends on the table it is given
