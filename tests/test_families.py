@@ -31,6 +31,12 @@ def rope(name, axes, **kwargs):
     return randomized(RotaryEmbedding(DIM, axes=axes, freqs=name, num_heads=HEADS, **kwargs))
 
 
+def axes_of(name, data):
+    """2 or 3 axes, drawn among those the family declares it takes (a video-only family: 3; the image plane's: 2)."""
+    family = FAMILIES[name]
+    return data.draw(st.sampled_from([a for a in (2, 3) if family.min_axes <= a <= (family.max_axes or a)]))
+
+
 def coordinates(axes, n):
     return st.lists(
         st.lists(st.floats(-20, 20, allow_nan=False, width=32), min_size=axes, max_size=axes), min_size=n, max_size=n
@@ -39,9 +45,10 @@ def coordinates(axes, n):
 
 # ------------------------------------------------------------------------------------------------ properties
 @settings(max_examples=24, deadline=None)
-@given(name=st.sampled_from(COMMUTING), axes=st.sampled_from([2, 3]), data=st.data())
-def test_commuting_families_are_exactly_relative(name, axes, data):
+@given(name=st.sampled_from(COMMUTING), data=st.data())
+def test_commuting_families_are_exactly_relative(name, data):
     """<R(a) q, R(b) k> is unchanged when every position moves by the same vector."""
+    axes = axes_of(name, data)
     layer = rope(name, axes)
     pos = torch.tensor(data.draw(coordinates(axes, 5)), dtype=F64)
     shift = torch.tensor(data.draw(coordinates(axes, 1)), dtype=F64)
@@ -67,8 +74,9 @@ def test_the_relative_property_test_can_fail():
 
 
 @settings(max_examples=24, deadline=None)
-@given(name=st.sampled_from(ROTARY), axes=st.sampled_from([2, 3]), data=st.data(), inverse=st.booleans())
-def test_every_family_preserves_norms_and_turns_back(name, axes, data, inverse):
+@given(name=st.sampled_from(ROTARY), data=st.data(), inverse=st.booleans())
+def test_every_family_preserves_norms_and_turns_back(name, data, inverse):
+    axes = axes_of(name, data)
     layer = rope(name, axes)
     pos = torch.tensor(data.draw(coordinates(axes, 4)), dtype=F64)
     x = torch.randn(3, HEADS, 4, DIM, dtype=F64)
@@ -244,8 +252,9 @@ def test_kept_tokens_keep_their_positions(name):
     """The encoding of each sample's kept tokens equals the full grid's, gathered (rotating the whole sequence and
     gathering gives the rotated kept tokens), in every layer of a per-layer family (3 layers, 2 samples: a layer
     picked where a sample was meant, or the other way round, would not broadcast the same)."""
-    enc = randomized(PositionEncoding(DIM, 2, name, num_heads=HEADS, depth=3, num_prefix_tokens=1))
-    grid, B, K = (4, 5), 2, 7
+    grid = (4, 5) if FAMILIES[name].min_axes <= 2 else (2, 2, 5)  # 20 patches of an image, or of a clip
+    enc = randomized(PositionEncoding(DIM, len(grid), name, num_heads=HEADS, depth=3, num_prefix_tokens=1))
+    B, K = 2, 7
     keep = torch.stack([torch.randperm(20)[:K] for _ in range(B)])  # (B, K) patch indices, as timm's PatchDropout
     rows = torch.cat((torch.zeros(B, 1, dtype=torch.long), keep + 1), dim=1)  # the prefix token stays first
     full, part = enc.table(grid, dtype=F64), enc.table(grid, keep=keep, dtype=F64)
@@ -269,7 +278,7 @@ def test_kept_tokens_keep_their_positions(name):
         turned = whole.rotate(x)
         torch.testing.assert_close(kept.rotate(x.gather(2, pick)), turned.gather(2, pick), rtol=0, atol=1e-12)
     with pytest.raises(ValueError, match="keep picks tokens of a grid"):
-        enc.table(positions=torch.zeros(20, 2), keep=keep)
+        enc.table(positions=torch.zeros(20, len(grid)), keep=keep)
 
 
 def test_spiral_in_3d_keeps_time_axial_and_spreads_the_plane():

@@ -14,7 +14,7 @@ from vit_rope import FAMILIES
 from vit_rope.attention import ROPE_TARGETS
 
 # What the registries hold when the tests are collected: the built-in families and tests/conftest.py's, their models
-FAMILY_NAMES = sorted(FAMILIES)
+FAMILY_NAMES = sorted(n for n, f in FAMILIES.items() if f.min_axes <= 2)  # image families (video-only: test_video.py)
 ROTARY = [n for n in FAMILY_NAMES if FAMILIES[n].rotary]
 KINDS = ["ape", *FAMILY_NAMES]  # pos_embed values: an absolute embedding, and every family
 IMAGE_NAMES = sorted(timm.list_models(module="vit"))  # every image model the package registered
@@ -60,6 +60,28 @@ def test_a_family_registered_later_gets_its_models_and_pos_embed():
         axial.load_state_dict(later.state_dict())
         torch.testing.assert_close(later(x), axial(x), rtol=0, atol=0)
     assert type(later.position_encoding.family) is Later
+
+
+def test_a_family_of_three_axes_gets_no_image_models():
+    """A family that needs (t, h, w) and names models gets no ``vit_<model_name>_*`` image models (they could not
+    build: an image has two axes); its models' name still picks it on the video models."""
+    from vit_rope.families.videorope import VideoRoPE
+
+    class VideoOnly(VideoRoPE):
+        """VideoRoPE under another name, with a model name."""
+
+        name = "test_video_only"
+        model_name = "test_video_only_models"
+
+    try:
+        vit_rope.register_family(VideoOnly)
+        assert timm.list_models("vit_test_video_only*") == []
+        with pytest.raises(ValueError, match="takes 3 coordinate axes, not axes=2"):
+            tiny("vit_rope_tiny", pos_embed="test_video_only_models")
+        video = timm.create_model("vit_rope3d_tiny", depth=1, pos_embed="test_video_only_models")
+        assert type(video.position_encoding.family) is VideoOnly
+    finally:
+        FAMILIES.pop(VideoOnly.name, None)
 
 
 @pytest.mark.parametrize("name", IMAGE_NAMES)

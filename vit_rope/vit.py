@@ -586,9 +586,9 @@ def register_models(pos_embed: str, what: str) -> list[str]:
 
 
 def register_family_models(family: type[Family]) -> None:
-    """timm's ``vit_<model_name>_*`` of a family with a ``model_name`` (called for every family, now and whenever one is
-    registered later)."""
-    if family.model_name:
+    """timm's ``vit_<model_name>_*`` of a family with a ``model_name`` that takes an image's two axes (called for every
+    family, now and whenever one is registered later); a family of three axes or more has only the video models."""
+    if family.model_name and family.min_axes <= 2:
         register_models(family.model_name, (family.__doc__ or family.name).splitlines()[0].rstrip("."))
 
 

@@ -50,4 +50,4 @@ def create_family(name: str, dim: int, axes: int, **kwargs) -> Family:
 
 
 # the built-in families: importing a module registers its family
-from . import axial, comrope, goldengate, liere, lookhere, mixed, pape, spiral, string  # noqa: E402, F401
+from . import axial, comrope, goldengate, liere, lookhere, mixed, pape, spiral, string, videorope  # noqa: E402, F401
