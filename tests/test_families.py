@@ -221,7 +221,7 @@ def test_lookhere_bias_is_built_once_per_grid():
     enc = PositionEncoding(16, 2, "lookhere", num_heads=3, depth=2).eval()
     assert enc.table((4, 4)) is enc.table((4, 4))
     assert enc.table((4, 4)).dense.shape == (3, 16, 16)  # one (heads, N, N) bias, scaled per layer
-    assert enc.table((128, 128)).dense is None  # a large grid's is built a block of queries at a time
+    assert enc.table((32, 32)).dense is None  # a larger grid's is built a block of queries at a time (no N × N held)
 
 
 def test_lookhere_slopes_are_the_released_codes():

@@ -36,7 +36,7 @@ WEDGES = {
     90: ((7, 1), (3, 5), (1, 3), (5, 7), (0, 2), (4, 6), (2, 4), (6, 0)),  # → ← ↑ ↓ wedges, ↗ ↙ ↖ ↘ quadrants
     45: ((0, 1), (4, 5), (2, 3), (6, 7), (1, 2), (5, 6), (3, 4), (7, 0)),
 }
-DENSE_BYTES = 1 << 26  # a grid whose (heads, N, N) bias fits in 64 MiB keeps it built, once per grid
+DENSE_BYTES = 1 << 22  # a grid whose (heads, N, N) bias fits in one block (4 MiB) keeps it built, once per grid
 
 
 def head_slopes(directed: int, undirected: int) -> list[float]:
