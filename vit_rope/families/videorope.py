@@ -111,5 +111,11 @@ class VideoRoPE(PairFamily):
     def encode(self, coords: Tensor, extrapolation: Extrapolation) -> RotaryTable:
         return super().encode(diagonal_coordinates(coords, self.temporal_spacing, self.diagonal), extrapolation)
 
+    def frequency_groups(self) -> list[Tensor]:
+        """p-RoPE cuts each axis's pairs on their own (t, h and w each keep the fraction p of their frequencies): the
+        pairs interleave, so the groups follow the frequency matrix, not contiguous sections."""
+        F = self.frequency_matrix()
+        return [torch.nonzero(F[axis]).flatten() for axis in range(self.axes)]
+
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, temporal_spacing={self.temporal_spacing}, diagonal={self.diagonal}"
