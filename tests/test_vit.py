@@ -737,7 +737,7 @@ def test_input_of_another_dtype_or_an_empty_batch_is_one_clear_error():
         (dict(rope_scaling="pi", rope_scale=0.0), "scale=0.0 must be positive"),
         (dict(rope_jitter=0.5), "jitter=0.5 must be at least 1"),
         (dict(rope_coords="pixels"), "coords='pixels'"),
-        (dict(pos_embed="comrope", rope_options=dict(block_size=5)), "block_size=5 must be at least 2 and divide"),
+        (dict(pos_embed="comrope", rope_options=dict(block_size=5)), "block_size=5 must be even and divide"),
         (dict(pos_embed="spiral", rope_options=dict(directions=3)), "directions=3 does not fit"),
         (dict(pos_embed="lookhere", rope_options=dict(fov=60)), "fov=60: choose 180, 90 or 45"),
         (dict(pos_embed="liere", rope_options=dict(blocksize=4)), "takes no option blocksize; its options: block_size"),

@@ -68,7 +68,6 @@ class Family(nn.Module):
     min_axes: ClassVar[int] = 1
     max_axes: ClassVar[int | None] = None
     onnx: ClassVar[bool] = True
-    prefix_at_centre: bool = False  # prefix tokens (cls) encoded at the tokens' centre, not left unturned
 
     def __init__(
         self,
@@ -89,6 +88,7 @@ class Family(nn.Module):
         self.dim, self.axes, self.num_heads, self.depth = dim, axes, num_heads, depth
         self.ref_grid = None if ref_grid is None else tuple(ref_grid)
         self.per_layer = False
+        self.prefix_at_centre = False  # prefix tokens (cls) encoded at the tokens' centre, not left unturned
 
     def encode(self, coords: Tensor, extrapolation: Extrapolation) -> Table:
         """The table of tokens at ``coords ([B,] N, axes)`` under ``extrapolation``; per-sample coordinates (B, N, axes)
