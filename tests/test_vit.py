@@ -769,3 +769,11 @@ def test_bad_input_errors():
         tiny(rope_targets="qx")
     with pytest.raises(ValueError, match="needs a RoPE pos_embed"):
         tiny("vit_ape_tiny", rope_targets="vo")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_kind_runs_on_the_meta_device(kind):
+    """Built and run on the meta device (shapes without data, as timm's test_model_default_cfgs_non_std does): no
+    encoding may branch on a tensor's value there."""
+    model = tiny(pos_embed=kind, num_classes=10, device="meta").eval()
+    assert model(torch.empty(2, 3, 64, 96, device="meta")).shape == (2, 10)

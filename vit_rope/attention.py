@@ -70,8 +70,8 @@ def attend(qkv: Tensor, table: Table | None, num_heads: int, targets: str, dropo
 def attend_biased(q: Tensor, k: Tensor, v: Tensor, table: AttentionBias, dropout: float) -> Tensor:
     """Attention with a bias on its logits, a block of queries at a time (as many as keep a block's bias within
     ``table.block_bytes``): each block's bias is built (or sliced from a small grid's dense bias) as the block is
-    attended, so no ``N × N`` bias is held for a whole layer (ViT-S at 1024²: a 1.07 GB peak against axial RoPE's
-    1.08 GB, bench/memory.py)."""
+    attended, so no ``N × N`` bias is held for a whole layer (ViT-S at 1024²: a 1.05 GB peak against axial RoPE's
+    1.06 GB, bench/memory.py)."""
     B, heads, N, _ = q.shape
     rows = max(1, table.block_bytes // (4 * heads * N))
     out: list[Tensor] = []

@@ -360,8 +360,7 @@ class AttentionBias:
 
     @torch.jit.unused
     def to(self, dtype: torch.dtype) -> "AttentionBias":
-        floats = {k: v.to(dtype) for k, v in vars(self).items() if isinstance(v, Tensor) and v.is_floating_point()}
-        return self.replace(**floats)
+        return self.with_tensors(*(None if t is None else t.to(dtype) for t in self.tensors()))
 
     @torch.jit.unused
     def tensors(self) -> tuple:

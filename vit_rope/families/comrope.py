@@ -20,10 +20,10 @@ not apply.
 Each block's skew matrix is split once a step into ``B = Q Λ Qᵀ`` (``Λ`` 2×2 rotation generators ``λ_k``), so that
 ``exp(t B) = Q R(t λ) Qᵀ``: the table turns channel pairs by ``t_j(p) λ_k`` inside the basis ``Q``, which attention
 folds into its q and k projections (as Cayley-STRING's). One eigendecomposition a block instead of one exponential a
-token and block: a ViT-S train step at 1.55 s less table time (2 CPU cores, ``bench/throughput.py``), exact up to
-float64 round-off (the split runs in float64, its eigenvectors' phases fixed so that the gradient is defined; blocks
-with eigenvalues within 1e-9 of each other take the plain exponentials instead, and so does ``torch.export``, which
-takes no branch on data).
+token and block: a ViT-S train step at 0.96x axial RoPE's, not 0.46x (224², batch 16, 2 CPU cores;
+``bench/throughput.py --families comrope_ld``), exact up to float64 round-off (the split runs in float64, its
+eigenvectors' phases fixed so that the gradient is defined; blocks with eigenvalues within 1e-9 of each other take
+the plain exponentials instead, and so do ``torch.export`` and the meta device, which take no branch on data).
 """
 
 from __future__ import annotations
@@ -100,8 +100,10 @@ class _ComRoPE(Family):
         P = at_least_float32(self.generators)
         B = P - P.mT  # ([layer,] heads, blocks, b, b)
         t = self.turns(coords.to(P.dtype))  # ([B,] [layer,] heads | 1, N, blocks)
-        # torch.export and jit tracing take no branch on data (the split's eigenvalue check): the plain exponentials
-        split = None if torch.compiler.is_exporting() or torch.jit.is_tracing() else spectral_split(B)
+        # torch.export, jit tracing and the meta device take no branch on data (the split's eigenvalue check): the
+        # plain exponentials
+        plain = torch.compiler.is_exporting() or torch.jit.is_tracing() or B.is_meta
+        split = None if plain else spectral_split(B)
         if split is None:  # near-equal eigenvalues: the plain exponentials, one a token and block
             blocks = torch.linalg.matrix_exp(t[..., None, None] * B.unsqueeze(-4))  # (..., N, blocks, b, b)
             return RotaryTable(blocks=blocks, per_layer=self.per_layer)

@@ -36,7 +36,6 @@ WEDGES = {
     90: ((7, 1), (3, 5), (1, 3), (5, 7), (0, 2), (4, 6), (2, 4), (6, 0)),  # → ← ↑ ↓ wedges, ↗ ↙ ↖ ↘ quadrants
     45: ((0, 1), (4, 5), (2, 3), (6, 7), (1, 2), (5, 6), (3, 4), (7, 0)),
 }
-DENSE_BYTES = 1 << 22  # a grid whose (heads, N, N) bias fits in one block (4 MiB) keeps it built, once per grid
 
 
 def head_slopes(directed: int, undirected: int) -> list[float]:
@@ -80,7 +79,8 @@ class LookHere(Family):
         slopes = coords.new_tensor(self.head_slopes) * self.global_slope
         scale = coords.new_tensor(self.layer_slopes) if self.per_layer else None
         bias = AttentionBias(xy, slopes, rays, directed, per_layer=self.per_layer, layer_scale=scale)
-        small = self.num_heads * xy.shape[-2] ** 2 * 4 <= DENSE_BYTES
+        # a grid whose (heads, N, N) bias fits in one block of attention's keeps it built, once per grid
+        small = self.num_heads * xy.shape[-2] ** 2 * 4 <= bias.block_bytes
         return bias.densified() if small else bias
 
     def prune_layers(self, depth: int) -> None:
