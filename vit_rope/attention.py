@@ -87,14 +87,17 @@ def attend_biased(q: Tensor, k: Tensor, v: Tensor, table: AttentionBias, dropout
 def attend_parabolic(q: Tensor, k: Tensor, v: Tensor, table: ParabolicBias, dropout: float) -> Tensor:
     """Attention whose logits carry a parabolic bias as the products of columns appended to q and k: one SDPA call,
     no ``N × N`` bias, its ``scale`` the head dim's 1/√d."""
-    scale = q.shape[-1] ** -0.5
+    dim, dtype = q.shape[-1], v.dtype
     q, k = table.extend(q, k)  # float32 at least (16-bit columns would round the bias away at large offsets)
+    # v padded with zeros to q's width: fused CPU attention wants one head dim for q, k and v (otherwise the math
+    # path; ViT-S 224² batch 16: 9.2 against 19.6 ms a layer, 2 CPU cores); the zero columns are sliced off after
+    v = F.pad(v.to(q.dtype), [0, q.shape[-1] - dim])
     if torch.jit.is_scripting():
-        x = F.scaled_dot_product_attention(q, k, v.to(q.dtype), dropout_p=dropout, scale=scale)
+        x = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=dim**-0.5)
     else:
         with outside_autocast(q.device.type):  # autocast would round q and k to 16 bits again
-            x = F.scaled_dot_product_attention(q, k, v.to(q.dtype), dropout_p=dropout, scale=scale)
-    return x.to(v.dtype)
+            x = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=dim**-0.5)
+    return x[..., :dim].to(dtype)
 
 
 @register_notrace_module  # a leaf for torch.fx: whether a basis folds into qkv depends on the table it is given

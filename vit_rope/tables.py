@@ -444,20 +444,21 @@ class ParabolicBias:
         """The queries' columns ``(B, heads, N, E)`` and the keys' ``([B,] 1, N, E)``, ``E = axes² + axes + 1``."""
         dtype = torch.promote_types(self.coords.dtype, self.directions.dtype)  # a float64 grid computes in float64
         W = self.directions.to(dtype)  # (heads, M, axes)
-        p = self.coords.to(dtype)  # ([B,] N, axes)
+        p = self.coords.to(dtype).unsqueeze(-3)  # ([B,] 1, N, axes)
         x = q.to(dtype)
         a = F.softplus(x @ self.curvature.to(dtype))  # (B, heads, N, M): curvatures, positive (decay with distance)
-        b = x @ self.slope.to(dtype)  # (B, heads, N, M)
-        u = p.unsqueeze(-3) @ W.mT  # ([B,] heads, N, M): each query's position along each parabola's direction
         outer = (W.unsqueeze(-1) * W.unsqueeze(-2)).flatten(-2)  # (heads, M, axes²): w_m w_mᵀ
-        quadratic = a @ outer  # vec(A_i)
-        linear = (2 * a * u + b) @ W  # 2 A_i p_i + β_i
-        constant = -(a * u * u + b * u).sum(dim=-1, keepdim=True)  # -p_iᵀ A_i p_i - β_i · p_i
+        A = (a @ outer).unflatten(-1, (W.shape[-1], -1))  # (B, heads, N, axes, axes): A_i = Σ_m a_im w_m w_mᵀ
+        # β_i = Σ_m b_im w_m with b_i = slopeᵀ q_i is (slope W)ᵀ q_i: the slopes themselves are never formed
+        beta = x @ (self.slope.to(dtype) @ W)  # (B, heads, N, axes)
+        Ap = (A * p.unsqueeze(-2)).sum(dim=-1)  # (B, heads, N, axes): A_i p_i
+        linear = 2 * Ap + beta  # 2 A_i p_i + β_i
+        constant = -((Ap + beta) * p).sum(dim=-1, keepdim=True)  # -p_iᵀ A_i p_i - β_i · p_i
         patch = (torch.arange(p.shape[-2], device=p.device) >= self.num_prefix).to(p.dtype).unsqueeze(-1)
-        query = torch.cat((-quadratic, linear, constant), dim=-1) * patch  # SDPA's 1/√d divides them as it does q·k
+        query = torch.cat((-A.flatten(-2), linear, constant), dim=-1) * patch  # SDPA's 1/√d divides them as q·k
         squares = (p.unsqueeze(-1) * p.unsqueeze(-2)).flatten(-2)  # vec(p_j p_jᵀ)
         key = torch.cat((squares, p, torch.ones_like(p[..., :1])), dim=-1) * patch
-        return query, key.unsqueeze(-3)
+        return query, key
 
     @torch.jit.unused
     def gather(self, rows: Tensor) -> "ParabolicBias":
