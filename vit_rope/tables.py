@@ -68,7 +68,7 @@ def _complex_viewable(x: Tensor) -> bool:
 
 def _turn_complex(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Channel pairs (2i, 2i+1) of ``x`` times ``cos + i·sin`` as complex numbers: one pass over x where
-    :func:`rotate_pairs` takes five (the eager fast path: 1.09x the forward and 1.06x the train-step throughput of
+    :func:`rotate_pairs` takes five (the eager fast path: 1.07x the forward and 1.05x the train-step throughput of
     ViT-S at 224², batch 8, 2 CPU cores; ``bench/throughput.py --sections apply``)."""
     real = torch.promote_types(x.dtype, cos.dtype)
     z = torch.view_as_complex(x.to(real).unflatten(-1, (-1, 2)))
