@@ -14,7 +14,7 @@ machine adds stays visible, and the ratio of the fastest calls ("best"). Section
 * our ViT-S with axial RoPE against our own APE model (identical code but the position encoding), timm's DeiT-III
   (the same trunk with APE) and timm's RoPE ViT-S: inference forward and train step (forward, backward, AdamW);
 * attention's eager fast path (q and k turned as complex numbers) against the reference apply, same weights;
-* every family's ViT-S against axial RoPE (inference with tables cached per grid, and the train step);
+* every family's ViT-S against axial RoPE (inference forward and the train step);
 * activation memory of a train step (the bytes autograd saves for backward), RoPE against APE;
 * a 3D video model against the image model at equal token counts.
 
@@ -40,8 +40,7 @@ from pathlib import Path
 import timm
 import torch
 
-import vit_rope  # registers the models
-import vit_rope.tables
+import vit_rope  # noqa: F401  (registers the models)
 
 FIGURES: dict[str, float] = {}  # name -> value: the headline figures of this run (for --processes)
 SECTIONS = ["rope", "apply", "families", "video"]
@@ -193,8 +192,7 @@ def rope_against_ape(setup: Setup, sizes: list[int], batch: int, repeats: int) -
 
 
 def families_against_axial(setup: Setup, batch: int, repeats: int, families: list[str], size: int = 224) -> None:
-    """Each family's ViT-S against axial RoPE's on the same trunk: inference (tables cached per grid) and the train
-    step."""
+    """Each family's ViT-S against axial RoPE's on the same trunk: inference forward and the train step."""
     x = torch.randn(batch, 3, size, size, device=setup.device)
     for family in (name for name in families if name != "axial"):
         other = setup.model("vit_rope_small", img_size=size, pos_embed=family)
@@ -214,12 +212,12 @@ class ReferenceApply(torch.nn.Module):
         self.model = model
 
     def forward(self, x):
-        fast = vit_rope.tables.tracing
-        vit_rope.tables.tracing = lambda: True  # the fast path is never taken while tracing
+        compiling = torch.compiler.is_compiling
+        torch.compiler.is_compiling = lambda: True  # the fast path is never taken while compiling
         try:
             return self.model(x)
         finally:
-            vit_rope.tables.tracing = fast
+            torch.compiler.is_compiling = compiling
 
 
 def fast_path_against_reference(setup: Setup, batch: int, repeats: int, size: int = 224) -> None:

@@ -7,8 +7,8 @@ from torch import Tensor, nn
 
 from vit_rope import register_family
 from vit_rope.families.axial import frequency_ladder
-from vit_rope.families.base import Extrapolation, PairFamily, at_least_float32, head_angles, sections
-from vit_rope.tables import RotaryTable
+from vit_rope.families.base import PairFamily, Scaling, axis_sections, head_angles
+from vit_rope.tables import Build, RotaryTable
 
 
 @register_family
@@ -22,12 +22,12 @@ class GainedAxial(PairFamily):
     def __init__(self, dim: int, axes: int, *, per_layer: bool = True, **kwargs) -> None:
         super().__init__(dim, axes, **kwargs)
         F = torch.zeros(axes, dim // 2, dtype=torch.float64)
-        for axis, pairs in sections(self.axis_dims):
+        for axis, pairs in axis_sections(self.axis_dims):
             F[axis, pairs] = frequency_ladder(self.axis_dims[axis], self.theta)
         self.register_buffer("ladder", F.float(), persistent=False)  # (axes, dim // 2), axial RoPE's
         self.gain = nn.Parameter(torch.ones(*self.learned_shape(per_layer), 1, 1))  # ([layer,] heads, 1, 1)
 
-    def encode(self, coords: Tensor, extrapolation: Extrapolation) -> RotaryTable:
-        F = at_least_float32(self.gain) * self.ladder  # ([layer,] heads, axes, dim // 2)
+    def encode(self, coords: Tensor, scaling: Scaling, build: Build) -> RotaryTable:
+        F = build.precise(self.gain) * self.ladder  # ([layer,] heads, axes, dim // 2)
         angles = head_angles(coords.to(F.dtype), F)
-        return RotaryTable(angles.cos(), angles.sin(), layout=self.layout, per_layer=self.per_layer)
+        return RotaryTable.from_angles(angles, build, layout=self.layout, per_layer=self.per_layer)

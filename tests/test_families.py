@@ -3,6 +3,7 @@ exact relativity where the generators commute, norms, each family reduced to axi
 it so, LookHere's bias against a double loop over token pairs, and token dropping."""
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -28,7 +29,7 @@ def randomized(encoding, scale=0.3):
 
 
 def rope(name, axes, **kwargs):
-    return randomized(RotaryEmbedding(DIM, axes=axes, freqs=name, num_heads=HEADS, **kwargs))
+    return randomized(RotaryEmbedding(DIM, axes=axes, family=name, num_heads=HEADS, **kwargs))
 
 
 def axes_of(name, data):
@@ -93,7 +94,7 @@ def axial(axes=2):
 
 def test_spiral_with_two_directions_is_axial():
     x, grid = torch.randn(2, 6, 20, DIM, dtype=F64), (4, 5)
-    spiral = RotaryEmbedding(DIM, axes=2, freqs="spiral", directions=2).double()
+    spiral = RotaryEmbedding(DIM, axes=2, family="spiral", directions=2).double()
     torch.testing.assert_close(spiral(x, grid=grid), axial()(x, grid=grid), rtol=0, atol=1e-12)
 
 
@@ -101,7 +102,7 @@ def test_spiral_directions_and_frequencies_follow_the_paper():
     """K = 4 over 16 plane channels: directions 0°, 45°, 90°, 135°; pairs (0°, 90°) and (45°, 135°) share
     frequency chunks dealt round-robin from axial's ladder (the paper's Eq. 13: 0° and 90° get 0, 1, 4, 5 of
     8 when d/4 = 8)."""
-    layer = RotaryEmbedding(32, axes=2, freqs="spiral", directions=4).double()
+    layer = RotaryEmbedding(32, axes=2, family="spiral", directions=4).double()
     F = layer.family.frequency_matrix()  # (axes = (row, col), pairs)
     ladder = 100.0 ** (-torch.arange(8, dtype=F64) * 4 / 32)
     groups = F.view(2, 4, 4)  # (axes, direction, pair)
@@ -113,7 +114,7 @@ def test_spiral_directions_and_frequencies_follow_the_paper():
 
 
 def test_string_with_identity_basis_is_axial_and_its_basis_is_orthogonal():
-    string = RotaryEmbedding(DIM, axes=2, freqs="string", num_heads=HEADS).double()  # S = 0 at init
+    string = RotaryEmbedding(DIM, axes=2, family="string", num_heads=HEADS).double()  # S = 0 at init
     with torch.no_grad():  # its frequencies start as axial's ladder, rounded to float32: here exactly
         string.family.frequencies.copy_(axial().family.frequency_matrix().sum(0).expand_as(string.family.frequencies))
     x, grid = torch.randn(2, HEADS, 20, DIM, dtype=F64), (4, 5)
@@ -137,7 +138,7 @@ def test_string_is_the_basis_change_around_its_inner_rope():
 
 def test_comrope_ld_reduces_to_axial():
     """2×2 blocks with P - Pᵀ = J (a quarter turn) and θ = axial's frequency matrix."""
-    ld = RotaryEmbedding(DIM, axes=2, freqs="comrope_ld", num_heads=HEADS, block_size=2).double()
+    ld = RotaryEmbedding(DIM, axes=2, family="comrope_ld", num_heads=HEADS, block_size=2).double()
     with torch.no_grad():
         ld.family.generators.zero_()[..., 1, 0] = 1.0
         ld.family.mix.copy_(axial().family.frequency_matrix().expand_as(ld.family.mix))
@@ -148,7 +149,7 @@ def test_comrope_ld_reduces_to_axial():
 def test_comrope_ap_reduces_to_axial_up_to_its_block_order():
     """AP gives block j to axis j mod 2 (row, col, row, ...); with 2×2 blocks turning at axial's frequencies it is
     axial RoPE with its channel pairs reordered."""
-    ap = RotaryEmbedding(DIM, axes=2, freqs="comrope_ap", num_heads=HEADS, block_size=2).double()
+    ap = RotaryEmbedding(DIM, axes=2, family="comrope_ap", num_heads=HEADS, block_size=2).double()
     quarter = DIM // 4
     # axial pair of each AP block: odd blocks take the column pairs in order, even blocks the row pairs
     pair = [quarter + j // 2 if j % 2 == 0 else j // 2 for j in range(DIM // 2)]
@@ -164,7 +165,7 @@ def test_comrope_ap_reduces_to_axial_up_to_its_block_order():
 
 def test_liere_reduces_to_axial():
     """4×4 blocks whose generators carry axial's frequencies on their 2×2 diagonal (LieRE's skew form turns by -a)."""
-    liere = RotaryEmbedding(DIM, axes=2, freqs="liere", num_heads=HEADS, block_size=4).double()
+    liere = RotaryEmbedding(DIM, axes=2, family="liere", num_heads=HEADS, block_size=4).double()
     F = axial().family.frequency_matrix()  # (axes, pairs)
     with torch.no_grad():
         g = liere.family.generators.zero_()  # (heads, axes, blocks, 4, 4)
@@ -190,7 +191,7 @@ def test_lookhere_bias_equals_a_double_loop(fov):
     assert table.dense is not None
     for layer, s_layer in enumerate([1.5, 1.0, 0.5]):
         bias = table.layer(layer).block(0, 1 + H * W)
-        lazy = table.replace(dense=None).layer(layer)
+        lazy = replace(table, dense=None).layer(layer)
         torch.testing.assert_close(torch.cat([lazy.block(a, a + 7) for a in range(0, 21, 7)], dim=-2), bias)
         expected = torch.zeros_like(bias)
         for h in range(heads):
@@ -217,9 +218,8 @@ def test_lookhere_worked_example_of_the_paper():
     torch.testing.assert_close(bias, want)
 
 
-def test_lookhere_bias_is_built_once_per_grid():
+def test_lookhere_bias_is_dense_where_it_fits_one_block():
     enc = PositionEncoding(16, 2, "lookhere", num_heads=3, depth=2).eval()
-    assert enc.table((4, 4)) is enc.table((4, 4))
     assert enc.table((4, 4)).dense.shape == (3, 16, 16)  # one (heads, N, N) bias, scaled per layer
     assert enc.table((32, 32)).dense is None  # a larger grid's is built a block of queries at a time (no N × N held)
 
@@ -257,7 +257,7 @@ def test_kept_tokens_keep_their_positions(name):
     B, K = 2, 7
     keep = torch.stack([torch.randperm(20)[:K] for _ in range(B)])  # (B, K) patch indices, as timm's PatchDropout
     rows = torch.cat((torch.zeros(B, 1, dtype=torch.long), keep + 1), dim=1)  # the prefix token stays first
-    full, part = enc.table(grid, dtype=F64), enc.table(grid, keep=keep, dtype=F64)
+    full, part = enc.table(grid, dtype=F64), enc.table(grid, tokens=keep, dtype=F64)
     x = torch.randn(B, HEADS, 21, DIM, dtype=F64)
     pick = rows[:, None, :, None].expand(B, HEADS, K + 1, DIM)
     for layer in range(3):
@@ -273,18 +273,18 @@ def test_kept_tokens_keep_their_positions(name):
             dense = whole.block(0, 21)
             gathered = torch.stack([dense[:, r][:, :, r] for r in rows])
             torch.testing.assert_close(kept.block(0, K + 1), gathered, rtol=0, atol=0)
-            torch.testing.assert_close(kept.replace(dense=None).block(0, K + 1), gathered, rtol=0, atol=1e-12)
+            torch.testing.assert_close(replace(kept, dense=None).block(0, K + 1), gathered, rtol=0, atol=1e-12)
             continue
         turned = whole.rotate(x)
         torch.testing.assert_close(kept.rotate(x.gather(2, pick)), turned.gather(2, pick), rtol=0, atol=1e-12)
-    with pytest.raises(ValueError, match="keep picks tokens of a grid"):
-        enc.table(positions=torch.zeros(20, len(grid)), keep=keep)
+    with pytest.raises(ValueError, match="tokens picks tokens of a grid"):
+        enc.table(positions=torch.zeros(20, len(grid)), tokens=keep)
 
 
 def test_spiral_in_3d_keeps_time_axial_and_spreads_the_plane():
     """Video: time gets an axial section of a quarter of the channels (64 → 16/24/24), the (row, col) plane six
     directions kπ/6 over its 48 channels; time's pairs see only time, the plane's pairs never see time."""
-    layer = RotaryEmbedding(64, axes=3, freqs="spiral").double()
+    layer = RotaryEmbedding(64, axes=3, family="spiral").double()
     assert layer.family.axis_dims == (16, 24, 24) and layer.family.directions == 6
     F = layer.family.frequency_matrix()  # (axes = (t, row, col), 32 pairs)
     torch.testing.assert_close(F[0, 24:], 100.0 ** (-torch.arange(0, 16, 2, dtype=F64) / 16))  # axial time ladder
@@ -299,13 +299,13 @@ def test_yarn_measures_each_axis_against_its_own_extent():
     from vit_rope.families.axial import frequency_ladder
 
     layer = RotaryEmbedding(32, axes=2, scaling="yarn", ref_grid=(4, 16), theta=100.0)
-    F = layer.family.frequency_matrix(layer.extrapolation((8, 32)))  # s = 2 on both axes
+    F = layer.family.frequency_matrix(layer.scaling_for((8, 32)))  # s = 2 on both axes
     torch.testing.assert_close(F[1, :8], frequency_ladder(16, 100.0, "yarn", 2.0, 16))  # x: the column, 16 long
     torch.testing.assert_close(F[0, 8:], frequency_ladder(16, 100.0, "yarn", 2.0, 4))  # y: the row, 4 long
     assert not torch.equal(frequency_ladder(16, 100.0, "yarn", 2.0, 16), frequency_ladder(16, 100.0, "yarn", 2.0, 4))
 
 
 def test_a_table_shared_by_heads_turns_vectors_without_a_head_dim():
-    liere = randomized(RotaryEmbedding(DIM, axes=2, freqs="liere", per_head=False))
+    liere = randomized(RotaryEmbedding(DIM, axes=2, family="liere", per_head=False))
     x = torch.randn(20, DIM, dtype=F64)
     torch.testing.assert_close(liere(x, grid=(4, 5))[0], liere(x[None, None], grid=(4, 5))[0, 0])

@@ -15,7 +15,7 @@ GOLDEN_ANGLE = math.pi * (3 - math.sqrt(5))
 
 
 def layer(axes, dim=24, heads=3, **kwargs):
-    return RotaryEmbedding(dim, axes=axes, freqs="goldengate", num_heads=heads, **kwargs).double()
+    return RotaryEmbedding(dim, axes=axes, family="goldengate", num_heads=heads, **kwargs).double()
 
 
 def post_ladder(pairs, theta=100.0):

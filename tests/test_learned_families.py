@@ -5,7 +5,7 @@ import pytest
 import timm
 import torch
 
-from vit_rope import PositionEncoding, RotaryEmbedding
+from vit_rope import Build, PositionEncoding, RotaryEmbedding, RotaryTable
 from vit_rope.families.comrope import block_diagonal, spectral_split
 
 F64 = torch.float64
@@ -37,7 +37,7 @@ def turn_blocks(R: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 def test_comropes_spectral_form_equals_the_matrix_exponential_with_its_gradients(name, axes):
     """exp(t B) = Q R(t λ) Qᵀ: the table's rotation of q equals exp of the plain formula, and so do the gradients of
     every generator, every mix weight and the input (float64, random parameters, per layer and head)."""
-    enc = randomized(RotaryEmbedding(24, axes=axes, freqs=name, num_heads=2, depth=2, block_size=8), seed=3)
+    enc = randomized(RotaryEmbedding(24, axes=axes, family=name, num_heads=2, depth=2, block_size=8), seed=3)
     coords = torch.randn(11, axes, dtype=F64) * 4
     x = torch.randn(3, 2, 11, 24, dtype=F64, requires_grad=True)
     G = torch.randn(3, 2, 2, 11, 24, dtype=F64)  # (batch, layer, heads, N, dim)
@@ -45,7 +45,7 @@ def test_comropes_spectral_form_equals_the_matrix_exponential_with_its_gradients
     def loss(turned):
         return (turned * G).sum()
 
-    table = enc.family.encode(coords, None)
+    table = enc.family.encode(coords, None, Build(dtype=F64))
     assert table.blocks is None and table.basis is not None  # the spectral form, not exponentials
     fast = torch.stack([table.layer(i).rotate(x) for i in range(2)], dim=1)
     plain = turn_blocks(plain_comrope(enc.family, coords), x.unsqueeze(1))
@@ -63,12 +63,12 @@ def test_the_split_is_orthogonal_and_falls_back_where_eigenvalues_meet():
     torch.testing.assert_close(Q.mT @ Q, torch.eye(8, dtype=F64).expand(5, 8, 8), rtol=0, atol=1e-12)
     assert (lam > 0).all() and block_diagonal(Q.mT).shape == (40, 40)
     assert spectral_split(torch.zeros(2, 8, 8, dtype=F64)) is None  # all eigenvalues 0
-    enc = RotaryEmbedding(16, axes=2, freqs="comrope_ld", num_heads=2, block_size=8)
+    enc = RotaryEmbedding(16, axes=2, family="comrope_ld", num_heads=2, block_size=8)
     with torch.no_grad():
         enc.family.generators.zero_()  # degenerate: the plain exponentials, finite gradients
     x = torch.randn(2, 12, 16, requires_grad=True)
     enc(x, grid=(3, 4)).square().sum().backward()
-    assert enc.family.encode(torch.zeros(3, 2), None).blocks is not None
+    assert enc.family.encode(torch.zeros(3, 2), None, Build()).blocks is not None
     assert all(torch.isfinite(p.grad).all() for p in enc.family.parameters())
 
 
@@ -86,11 +86,8 @@ def test_a_comrope_model_trains_with_the_split_folded_into_q_and_k():
     family = model.position_encoding.family
     encode = family.encode
 
-    def plain(coords, ext):  # the same table as exponentials of every token, prefix row at the centre
-        R = plain_comrope(family, coords)
-        from vit_rope.tables import RotaryTable
-
-        return RotaryTable(blocks=R, per_layer=family.per_layer)
+    def plain(coords, scaling, build):  # the same table as exponentials of every token, prefix row at the centre
+        return RotaryTable(blocks=plain_comrope(family, coords).to(build.dtype), per_layer=family.per_layer)
 
     family.encode = plain
     try:
@@ -108,7 +105,7 @@ def test_comropes_cls_token_turns_as_at_the_centre():
     for name in ("comrope_ld", "comrope_ap"):
         enc = randomized(PositionEncoding(16, 2, name, num_heads=2, num_prefix_tokens=1, block_size=8))
         table = enc.table((3, 4), dtype=F64)
-        centre = enc.family.encode(torch.tensor([[1.0, 1.5]], dtype=F64), None)
+        centre = enc.family.encode(torch.tensor([[1.0, 1.5]], dtype=F64), None, Build(dtype=F64))
         torch.testing.assert_close(table.cos[..., :1, :], centre.cos, rtol=0, atol=1e-12)
         unturned = randomized(PositionEncoding(16, 2, name, num_heads=2, num_prefix_tokens=1, cls_at_centre=False))
         first = unturned.table((3, 4), dtype=F64)
@@ -125,3 +122,29 @@ def test_liere_defaults_share_one_set_of_generators():
     assert not model.position_encoding.family.per_layer
     every = timm.create_model("vit_liere_tiny", depth=3, rope_options=dict(per_layer=True, per_head=True))
     assert every.position_encoding.family.generators.shape == (3, 3, 2, 8, 8, 8)
+
+
+def test_liere_stays_a_rotation_at_large_positions():
+    """The exponentials run in float64 and are kept in float32: at positions up to 1e6 every block is orthogonal to
+    float32 precision (float32 exponentials drift: norm x1.0065 at 1e4, x3.5 at 1e6)."""
+    enc = RotaryEmbedding(16, axes=2, family="liere", block_size=8)
+    for p in (1e4, 1e6):
+        R = enc.table(positions=torch.tensor([[p, -p / 3]])).blocks  # (1, 2 blocks, 8, 8)
+        eye = torch.eye(8).expand_as(R)
+        torch.testing.assert_close(R @ R.mT, eye, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("name,options", [("mixed", {}), ("string", {}), ("liere", {"block_size": 8}),
+                                          ("comrope_ld", {"block_size": 8})])  # fmt: skip
+def test_learned_families_keep_float64_inputs_in_float64(name, options):
+    """A float64 input gets a table computed in float64 from float32 parameters: the rotation of tokens at 1e4 agrees
+    with the float64 module's to float64 precision, not float32's 1e-3."""
+    exact = randomized(RotaryEmbedding(16, axes=2, family=name, num_heads=2, **options))
+    enc = RotaryEmbedding(16, axes=2, family=name, num_heads=2, **options)  # float32 parameters
+    enc.load_state_dict({k: v.float() for k, v in exact.state_dict().items()})
+    exact.load_state_dict(enc.state_dict())  # the same (float32-representable) values in float64
+    x = torch.randn(1, 2, 2, 16, dtype=F64)
+    pos = torch.tensor([[1e4, 3.0], [2.0, -7e3]], dtype=F64)
+    layer = 0 if enc.table(positions=pos).per_layer else None
+    got, want = enc(x, positions=pos, layer=layer), exact(x, positions=pos, layer=layer)
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)

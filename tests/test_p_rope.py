@@ -17,7 +17,7 @@ PAIR_FAMILIES = sorted(n for n, f in FAMILIES.items() if issubclass(f, PairFamil
 
 def build(name, axes=2, **kwargs):
     torch.manual_seed(0)
-    enc = RotaryEmbedding(DIM, axes=axes, freqs=name, num_heads=HEADS, **kwargs).double()
+    enc = RotaryEmbedding(DIM, axes=axes, family=name, num_heads=HEADS, **kwargs).double()
     with torch.no_grad():  # random learned parameters: which pairs turn must not rest on their values
         for p in enc.family.parameters():
             p.add_(torch.randn_like(p) * 0.3)
@@ -42,7 +42,7 @@ def paper_rule(ladders, p):
 def ladders_of(name, axes):
     """The family's ladders written out here: axial sections (x first) of theta ** (-2j / d) for the axial-layout
     families, the plane as one for spiral (by its frequency matrix), one ascending ladder for goldengate."""
-    enc = RotaryEmbedding(DIM, axes=axes, freqs=name, num_heads=HEADS)
+    enc = RotaryEmbedding(DIM, axes=axes, family=name, num_heads=HEADS)
     fam = enc.family
     if name == "goldengate":
         return [(list(range(DIM // 2)), [100.0 ** (-(11 - i) / 12) for i in range(12)])]
@@ -103,7 +103,7 @@ def test_p_one_is_the_family_without_p(name):
 @pytest.mark.parametrize("p", [0, 0.0, -0.25, 1.01, 2, "0.5", True, float("nan"), [0.5]])
 def test_invalid_p_is_one_clear_error(p):
     with pytest.raises(ValueError, match=r"p=.* must be a number in \(0, 1\]"):
-        RotaryEmbedding(DIM, axes=2, freqs="axial", p=p)
+        RotaryEmbedding(DIM, axes=2, family="axial", p=p)
 
 
 def test_models_take_p_in_rope_options():

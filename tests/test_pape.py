@@ -9,7 +9,6 @@ import torch
 import torch.nn.functional as F
 
 from vit_rope import ParabolicBias, PositionEncoding
-from vit_rope.attention import attend
 
 F64 = torch.float64
 DIM, HEADS, M = 8, 2, 3
@@ -45,6 +44,11 @@ def reference_bias(q, p, family, layer, prefix, sign=1.0, curvature=1.0, prefix_
                     s = W[h] @ (sign * (p[j] - p[i]))  # (M,): the offset along each parabola's direction
                     bias[b, h, i, j] = (-curvature * a_i * s**2 + b_i * s).sum() / math.sqrt(d)
     return bias
+
+
+def attend(qkv, table, heads, targets, dropout):
+    """The table's attention over a given qkv projection ``(B, N, 3 · heads · dim)``."""
+    return table.attend(qkv, torch.nn.Identity(), heads, targets, dropout)
 
 
 def seen_logits(monkeypatch, q, k, v, table):
@@ -117,8 +121,9 @@ def test_no_n_by_n_tensor_at_a_large_grid(monkeypatch):
     assert table.num_tokens == N
     small = enc.table((2, 2))
     assert table.coords.shape == (N, 2)  # the one tensor that grows with the grid, and linearly
-    assert [t.shape for t in table.tensors()][1:] == [t.shape for t in small.tensors()][1:]  # the parameters
-    assert sum(t.numel() for t in table.tensors()) < heads * N * N / 50
+    learned = ("directions", "curvature", "slope")
+    assert [getattr(table, n).shape for n in learned] == [getattr(small, n).shape for n in learned]  # the parameters
+    assert sum(getattr(table, n).numel() for n in ("coords", *learned)) < heads * N * N / 50
     q, k, v = torch.randn(3, 1, heads, N, dim)
     seen = {}
     monkeypatch.setattr(F, "scaled_dot_product_attention", lambda q, k, v, **kw: seen.update(q=q, k=k) or v)

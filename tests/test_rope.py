@@ -8,8 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import vit_rope
-from vit_rope import RotaryEmbedding, RotaryTable, apply_rotary
+from vit_rope import RotaryEmbedding, RotaryTable
 from vit_rope.coords import grid_coordinates
 from vit_rope.tables import rotate_pairs
 
@@ -177,7 +176,7 @@ def test_vo_rope_output_invariant_to_shifting_all_positions(axes, data, mixed):
     n, dim = 5, 4 * axes
     pos = torch.tensor([data.draw(_positions(axes)) for _ in range(n)], dtype=F64)
     shift = torch.tensor(data.draw(_positions(axes)), dtype=F64)
-    rope = RotaryEmbedding(dim, axes=axes, freqs="mixed" if mixed else "axial", num_heads=2).double()
+    rope = RotaryEmbedding(dim, axes=axes, family="mixed" if mixed else "axial", num_heads=2).double()
     g = torch.Generator().manual_seed(1)
     v = torch.randn(2, n, dim, dtype=F64, generator=g)
     attn = torch.randn(2, n, n, dtype=F64, generator=g).softmax(-1)
@@ -208,7 +207,7 @@ def test_mixed_equals_timm_rotary_embedding_mixed(grid):
 
     depth, heads, head_dim = 3, 4, 32
     timm_rope = RotaryEmbeddingMixed(heads * head_dim, depth=depth, num_heads=heads)
-    ours = RotaryEmbedding(head_dim, axes=2, freqs="mixed", num_heads=heads, depth=depth)
+    ours = RotaryEmbedding(head_dim, axes=2, family="mixed", num_heads=heads, depth=depth)
     fx, fy = timm_rope.freqs.detach()  # (depth, heads, head_dim // 2) each: x (column) and y (row) frequencies
     with torch.no_grad():
         ours.family.frequencies.copy_(
@@ -234,7 +233,7 @@ def test_normalized_half_equals_timm_dinov3():
 
 def test_mixed_init_follows_paper():
     """Magnitudes 1/theta**(4j/dim) (theta 10); group 2's direction is group 1's turned by π/2."""
-    rope = RotaryEmbedding(32, axes=2, freqs="mixed", num_heads=5, depth=2)
+    rope = RotaryEmbedding(32, axes=2, family="mixed", num_heads=5, depth=2)
     assert rope.family.theta == 10.0
     F = rope.family.frequencies.detach().double()  # (depth, heads, axes=(row, col), 16)
     fy, fx = F[:, :, 0], F[:, :, 1]
@@ -270,7 +269,7 @@ def test_position_interpolation_squeezes_onto_training_grid():
 def test_ntk_scaling_formula():
     s, d = 4.0, 16
     rope = RotaryEmbedding(2 * d, axes=2, scaling="ntk", scale=s)
-    F = rope.family.frequency_matrix(rope.extrapolation())
+    F = rope.family.frequency_matrix(rope.scaling_for())
     base = 100.0 * s ** (d / (d - 2))
     expected = torch.tensor([base ** (-2 * j / d) for j in range(d // 2)], dtype=F64)
     torch.testing.assert_close(F[1, : d // 2], expected)  # x section
@@ -283,7 +282,7 @@ def test_yarn_ramp_and_temperature():
     s, ref = 2.0, (16, 16)
     rope = RotaryEmbedding(64, axes=2, theta=10000.0, scaling="yarn", ref_grid=ref, yarn_beta=(2.0, 0.5))
     F, plain = (
-        rope.family.frequency_matrix(rope.extrapolation((32, 32)))[1, :16],
+        rope.family.frequency_matrix(rope.scaling_for((32, 32)))[1, :16],
         RotaryEmbedding(64, axes=2, theta=10000.0).family.frequency_matrix()[1, :16],
     )
     turns = 16 * plain / (2 * math.pi)
@@ -309,13 +308,13 @@ def test_normalized_scaling_maps_any_grid_onto_the_training_extent():
     torch.testing.assert_close(rope.table((4, 16), dtype=F64).sin, plain.table(positions=pos, dtype=F64).sin)
     torch.testing.assert_close(rope.table((8, 8), dtype=F64).sin, plain.table((8, 8), dtype=F64).sin)  # identity
     with pytest.raises(ValueError, match="a learned family has none of"):
-        RotaryEmbedding(16, axes=2, freqs="mixed", num_heads=2, scaling="ntk", scale=2.0)
+        RotaryEmbedding(16, axes=2, family="mixed", num_heads=2, scaling="ntk", scale=2.0)
 
 
 def test_per_axis_scale_is_decoupled():
     rope = RotaryEmbedding(16, axes=2, scaling="pi", ref_grid=(4, 4))
-    assert rope.extrapolation((8, 4)).scales == (2.0, 1.0)
-    assert rope.extrapolation((2, 12)).scales == (1.0, 3.0)
+    assert rope.scaling_for((8, 4)).scales == (2.0, 1.0)
+    assert rope.scaling_for((2, 12)).scales == (1.0, 3.0)
 
 
 def test_coordinate_augmentation_is_training_only_and_keeps_relative_scores():
@@ -346,19 +345,23 @@ def test_tables_float32_under_bf16_autocast():
     assert (y.double() - ref).abs().max() < 0.05  # bf16 output rounding only
 
 
-def test_tables_are_cached_per_grid_device_dtype():
-    rope = RotaryEmbedding(16, axes=2)
-    a = rope.table((3, 4))
-    assert rope.table((3, 4)) is a
-    assert rope.table((4, 3)) is not a
-    assert rope.table((3, 4), dtype=F64) is not a
-    rope.set_scaling("ntk", 2.0)
-    assert rope.table((3, 4)) is not a  # a new mode clears the cache
-    assert not any(isinstance(b, torch.Tensor) for b in rope.state_dict().values())
+def test_tables_follow_the_parameters_and_are_never_stored():
+    """A table is built per call from the parameters as they are now (an edit through .data, which moves no version,
+    a load), in inference mode too; checkpoints hold no table."""
+    rope = RotaryEmbedding(16, axes=2, family="mixed", num_heads=2).eval()
+    with torch.inference_mode():
+        a = rope.table((3, 4))
+    rope.family.frequencies.data.mul_(2.0)  # as a fused AdamW step
+    b = rope.table((3, 4))
+    assert not torch.allclose(a.sin, b.sin) and not b.sin.is_inference()
+    frozen = RotaryEmbedding(16, axes=2, family="mixed", num_heads=2).requires_grad_(False)
+    frozen.load_state_dict(rope.state_dict())
+    torch.testing.assert_close(frozen.table((3, 4)).sin, b.sin)
+    assert list(RotaryEmbedding(16, axes=2).state_dict()) == []
 
 
 def test_gradients_reach_input_and_learned_frequencies():
-    rope = RotaryEmbedding(16, axes=2, freqs="mixed", num_heads=2)
+    rope = RotaryEmbedding(16, axes=2, family="mixed", num_heads=2)
     x = torch.randn(3, 2, 12, 16, requires_grad=True)
     rope(x, grid=(3, 4)).square().mul(torch.randn(3, 2, 12, 16)).sum().backward()
     assert x.grad is not None and x.grad.abs().sum() > 0
@@ -399,22 +402,27 @@ def test_export_graph_has_no_complex_ops_or_tensor_split():
 @pytest.mark.parametrize(
     "kwargs,match",
     [
-        (dict(dim=7, axes=2), "odd"),
+        (dict(dim=7, axes=2), "even whole number"),
+        (dict(dim=0, axes=2), "even whole number of at least 2"),
         (dict(dim=2, axes=2), "cannot be split into even sections"),
         (dict(dim=16, axes=2, axis_dims=(6, 5)), "each section must be even"),
         (dict(dim=16, axes=2, axis_dims=(8, 10)), "at most dim"),
         (dict(dim=16, axes=3, axis_dims=(8, 8)), "one each"),
-        (dict(dim=16, axes=2, freqs="mixed"), "num_heads"),
+        (dict(dim=16, axes=2, family="mixed"), "num_heads"),
         (dict(dim=16, axes=2, layout="rotated"), "layout"),
         (dict(dim=16, axes=2, scaling="yarn", scale=2.0), "ref_grid"),
         (dict(dim=16, axes=2, scaling="ntk"), "scale factor or ref_grid"),
         (dict(dim=16, axes=2, scaling="linear"), "not a mode of family 'axial'"),
-        (dict(dim=16, axes=2, freqs="mixed", num_heads=2, scaling="yarn", ref_grid=(2, 2)), "learned family"),
-        (dict(dim=16, axes=2, freqs="spline"), "choose one of"),
-        (dict(dim=16, axes=2, freqs="lookhere", num_heads=2), "attention bias, not a rotation"),
+        (dict(dim=16, axes=2, family="mixed", num_heads=2, scaling="yarn", ref_grid=(2, 2)), "learned family"),
+        (dict(dim=16, axes=2, family="spline"), "choose one of"),
+        (dict(dim=16, axes=2, family="lookhere", num_heads=2), "attention bias, not a rotation"),
         (dict(dim=16, axes=2, block_size=4), "family 'axial' takes no option block_size"),
-        (dict(dim=16, axes=2, theta=0.0), "theta=0.0 must be positive"),
+        (dict(dim=16, axes=2, theta=0.0), "theta=0.0 must be a positive finite number"),
+        (dict(dim=16, axes=2, theta=math.inf), "theta=inf must be a positive finite number"),
         (dict(dim=16, axes=2, jitter=0.5), "at least 1"),
+        (dict(dim=16, axes=2, jitter=math.inf), "finite"),
+        (dict(dim=16, axes=2, shift=math.nan), "finite"),
+        (dict(dim=16, axes=2, scaling="pi", scale=math.inf), "positive and finite"),
     ],
 )
 def test_bad_construction(kwargs, match):
@@ -427,23 +435,23 @@ def test_bad_calls():
     x = torch.randn(2, 12, 16)
     with pytest.raises(ValueError, match="last dim 8 but the layer was built with dim=16"):
         rope(torch.randn(2, 12, 8), grid=(3, 4))
-    with pytest.raises(ValueError, match="has 12 tokens but grid=.*has 15"):
+    with pytest.raises(ValueError, match="has 12 tokens but the table has 15"):
         rope(x, grid=(3, 5))
     with pytest.raises(ValueError, match="has 3 sizes but the layer has axes=2"):
         rope(torch.randn(2, 12, 16), grid=(2, 2, 3))
-    with pytest.raises(ValueError, match=r"expected \(N, 2\) or \(B, N, 2\)"):
+    with pytest.raises(ValueError, match=r"expected float \(N, 2\) or \(B, N, 2\)"):
         rope(x, positions=torch.zeros(12, 3))
     with pytest.raises(ValueError, match="exactly one of grid"):
         rope(x)
-    with pytest.raises(ValueError, match="tokens but the rotary table has"):
-        apply_rotary(x, rope.table((2, 2)))
-    mixed = RotaryEmbedding(16, axes=2, freqs="mixed", num_heads=2, depth=3)
+    with pytest.raises(ValueError, match="dtype torch.int64; expected float"):
+        rope(x, positions=torch.zeros(12, 2, dtype=torch.long))
+    with pytest.raises(ValueError, match="rotations turn float tensors"):
+        rope(x.long(), grid=(3, 4))
+    mixed = RotaryEmbedding(16, axes=2, family="mixed", num_heads=2, depth=3)
     with pytest.raises(ValueError, match="pass layer=index"):
         mixed(torch.randn(2, 2, 12, 16), grid=(3, 4))
     with pytest.raises(ValueError, match="heads=2"):
         mixed(torch.randn(2, 5, 12, 16), grid=(3, 4), layer=0)
-    with pytest.raises(ValueError, match="attention adds it"):
-        apply_rotary(x, vit_rope.PositionEncoding(16, 2, "lookhere", num_heads=2).table((3, 4)))
 
 
 def test_table_type_is_public():
@@ -454,7 +462,7 @@ def test_table_type_is_public():
 # ------------------------------------------------------------------------------------ regressions (review)
 def test_mixed_frequencies_with_unrotated_channels():
     """64 channels over 3 axes rotate 60: the 4 left over stay unrotated with learned frequencies too."""
-    rope = RotaryEmbedding(64, axes=3, freqs="mixed", num_heads=2)
+    rope = RotaryEmbedding(64, axes=3, family="mixed", num_heads=2)
     x = torch.randn(1, 2, 8, 64)
     y = rope(x, grid=(2, 2, 2))
     torch.testing.assert_close(y[..., 60:], x[..., 60:], rtol=0, atol=0)
@@ -474,17 +482,6 @@ def test_normalized_coords_shift_in_unit_coordinates_and_ignore_scaling():
         torch.testing.assert_close(scaled.table((8, 12), dtype=F64).cos, plain.table((8, 12), dtype=F64).cos)
 
 
-def test_inference_mode_tables_are_cached_apart():
-    rope = RotaryEmbedding(16, axes=2)
-    with torch.inference_mode():
-        rope(torch.randn(1, 12, 16), grid=(3, 4))
-        assert rope.table((3, 4)) is rope.table((3, 4))  # served from the cache, not rebuilt per forward
-    x = torch.randn(1, 12, 16, requires_grad=True)
-    assert not rope.table((3, 4)).cos.is_inference()
-    rope(x, grid=(3, 4)).sum().backward()  # would fail on a cached inference tensor
-    assert x.grad is not None
-
-
 def test_odd_storage_offset_input():
     rope = RotaryEmbedding(16, axes=1)
     base = torch.randn(3, 18)
@@ -492,12 +489,12 @@ def test_odd_storage_offset_input():
     torch.testing.assert_close(rope(x, grid=(3,)), rope(x.contiguous(), grid=(3,)), rtol=1e-6, atol=1e-6)
 
 
-def test_apply_rotary_gradcheck():
-    """float64 gradcheck of the reference apply, both ways."""
+def test_rotate_gradcheck():
+    """float64 gradcheck of the table's rotation, both ways."""
     table = RotaryEmbedding(8, axes=2).table((2, 3), dtype=F64)
     x = torch.randn(2, 6, 8, dtype=F64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda x: apply_rotary(x, table), (x,))
-    assert torch.autograd.gradcheck(lambda x: apply_rotary(x, table, inverse=True), (x,))
+    assert torch.autograd.gradcheck(lambda x: table.rotate(x), (x,))
+    assert torch.autograd.gradcheck(lambda x: table.rotate(x, inverse=True), (x,))
 
 
 def test_inverse_rotation_of_an_intermediate_compiles_fullgraph():
@@ -518,7 +515,7 @@ def test_yarn_temperature_covers_prefix_rows_and_refuses_turning_back():
     temperature = 0.1 * math.log(s) + 1
     # every q·k logit, the cls token's too, is scaled alike
     torch.testing.assert_close(torch.hypot(t.cos, t.sin), torch.full_like(t.cos, temperature))
-    assert rope.has_temperature((4, 4)) and not rope.has_temperature((2, 2))
+    assert t.scaled and not rope.table((2, 2)).scaled
     x = torch.randn(17, 16)
     with pytest.raises(ValueError, match="inverse=True under scaling='yarn'"):
         rope(x, (4, 4), inverse=True)
@@ -542,34 +539,3 @@ def test_half_precision_turns_through_float32_and_rounds_once(dtype):
     one_rounding = dict(rtol=torch.finfo(dtype).eps, atol=1e-6)
     torch.testing.assert_close(y.double(), y64, **one_rounding)
     torch.testing.assert_close(x.grad.double(), x64.grad, **one_rounding)
-
-
-def test_cached_learned_tables_follow_loads_and_edits_that_move_no_version():
-    """A fused optimizer step or an edit through .data moves no version counter: the cache is cleared when the module
-    switches between training and evaluation, and by a load (frozen parameters too)."""
-    rope = RotaryEmbedding(16, axes=2, freqs="mixed", num_heads=2).eval()
-    with torch.no_grad():
-        a = rope.table((3, 4))
-    rope.train()
-    rope.family.frequencies.data.mul_(2.0)  # no version bump, as a fused AdamW step
-    rope.eval()
-    with torch.no_grad():
-        b = rope.table((3, 4))
-    assert not torch.allclose(a.sin, b.sin)
-    frozen = RotaryEmbedding(16, axes=2, freqs="mixed", num_heads=2).requires_grad_(False).eval()
-    before = frozen.table((3, 4))
-    frozen.load_state_dict(rope.state_dict())
-    torch.testing.assert_close(frozen.table((3, 4)).sin, b.sin)
-    assert not torch.allclose(before.sin, b.sin)
-
-
-def test_learned_tables_are_cached_at_inference_and_rebuilt_after_a_step():
-    """A learned family's tables are kept per grid without gradients, and built anew when its parameters change."""
-    rope = RotaryEmbedding(16, axes=2, freqs="mixed", num_heads=2)
-    with torch.no_grad():
-        a = rope.table((3, 4))
-        assert rope.table((3, 4)) is a
-        rope.family.frequencies.mul_(2.0)  # an optimizer step, a load: a new version
-        b = rope.table((3, 4))
-    assert b is not a and not torch.allclose(a.sin, b.sin)
-    assert rope.table((3, 4)) is not rope.table((3, 4))  # with gradients: built per call, its graph intact

@@ -294,7 +294,7 @@ def test_no_aug_reads_as_english_in_help(capsys):
 @given(dim=st.sampled_from([16, 32, 40, 48, 64, 96]), data=st.data())
 def test_spiral_in_3d_takes_its_default_directions_for_any_head_dim(dim, data):
     """The default picks directions that fit the plane (it failed for 48 channels), and stays exactly relative."""
-    layer = RotaryEmbedding(dim, axes=3, freqs="spiral").double()
+    layer = RotaryEmbedding(dim, axes=3, family="spiral").double()
     assert layer.family.directions >= 2 and layer.family.plane_dims % 8 == 0
     pos = torch.tensor(data.draw(st.lists(st.lists(st.floats(-9, 9), min_size=3, max_size=3), min_size=4,
                                           max_size=4)), dtype=torch.float64)  # fmt: skip
@@ -309,7 +309,7 @@ def test_spiral_in_3d_takes_its_default_directions_for_any_head_dim(dim, data):
 
 def test_spiral_refusals_offer_choices():
     with pytest.raises(ValueError, match=r"choose one of \[2, 4, 8\]"):
-        RotaryEmbedding(32, axes=2, freqs="spiral", directions=3)
+        RotaryEmbedding(32, axes=2, family="spiral", directions=3)
 
 
 def test_the_planted_pickle_would_run_under_a_full_unpickle(tmp_path):

@@ -13,7 +13,7 @@ from torch import Tensor
 
 from vit_rope import RotaryEmbedding, register_family
 from vit_rope.families.axial import frequency_ladder
-from vit_rope.families.base import Extrapolation, PairFamily, sections
+from vit_rope.families.base import PairFamily, Scaling, axis_sections
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,13 +30,13 @@ class TurnedAxial(PairFamily):
         super().__init__(dim, axes, **kwargs)
         self.angle = float(angle)
 
-    def frequency_matrix(self, extrapolation: Extrapolation | None = None) -> Tensor:
+    def frequency_matrix(self, scaling: Scaling | None = None) -> Tensor:
         """Axial RoPE's ladder per section; the column section turns with (cos a, sin a) · (x, y), the row section
         with (-sin a, cos a) · (x, y); (row, col) is the grid's axis order."""
         c, s = math.cos(self.angle), math.sin(self.angle)
         directions = {1: (s, c), 0: (c, -s)}  # axis → its direction as (row, col) weights
         F = torch.zeros(2, self.dim // 2, dtype=torch.float64)
-        for axis, pairs in sections(self.axis_dims):
+        for axis, pairs in axis_sections(self.axis_dims):
             ladder = frequency_ladder(self.axis_dims[axis], self.theta)
             F[0, pairs], F[1, pairs] = directions[axis][0] * ladder, directions[axis][1] * ladder
         return F
@@ -60,7 +60,7 @@ def test_registering_a_family_registers_its_models_which_build_run_and_train():
 
 
 def test_the_user_family_is_exactly_relative_and_at_angle_zero_is_axial():
-    turned = RotaryEmbedding(16, axes=2, freqs="user_turned_axial", angle=0.7).double()
+    turned = RotaryEmbedding(16, axes=2, family="user_turned_axial", angle=0.7).double()
     q, k = torch.randn(2, 5, 16, dtype=torch.float64)
     pos = torch.randn(5, 2, dtype=torch.float64) * 4
 
@@ -68,7 +68,7 @@ def test_the_user_family_is_exactly_relative_and_at_angle_zero_is_axial():
         return turned(q, positions=p) @ turned(k, positions=p).mT
 
     torch.testing.assert_close(scores(pos + torch.tensor([2.0, -3.0], dtype=torch.float64)), scores(pos))
-    axial, zero = RotaryEmbedding(16, axes=2).double(), RotaryEmbedding(16, axes=2, freqs="user_turned_axial", angle=0)
+    axial, zero = RotaryEmbedding(16, axes=2).double(), RotaryEmbedding(16, axes=2, family="user_turned_axial", angle=0)
     torch.testing.assert_close(zero.double()(q, positions=pos), axial(q, positions=pos), rtol=0, atol=1e-12)
     assert not torch.allclose(turned(q, positions=pos), axial(q, positions=pos))
 

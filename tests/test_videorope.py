@@ -13,7 +13,7 @@ F64 = torch.float64
 
 
 def videorope(dim=64, **kwargs):
-    return RotaryEmbedding(dim, axes=3, freqs="videorope", **kwargs).double()
+    return RotaryEmbedding(dim, axes=3, family="videorope", **kwargs).double()
 
 
 # ------------------------------------------------------------------------------------------ frequency allocation
@@ -54,7 +54,7 @@ def test_a_head_dim_of_24_and_other_splits():
     with pytest.raises(ValueError, match="must be positive"):
         videorope(64, temporal_spacing=0)
     with pytest.raises(ValueError, match="family 'videorope' takes 3 coordinate axes, not axes=2"):
-        RotaryEmbedding(64, axes=2, freqs="videorope")
+        RotaryEmbedding(64, axes=2, family="videorope")
 
 
 # ----------------------------------------------------------------------------------------------- the layout

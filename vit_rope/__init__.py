@@ -4,7 +4,7 @@ from . import video, vit  # noqa: F401  (register the models in timm)
 from .checkpoint import checkpoint_filter_fn
 from .families import FAMILIES, Family, register_family
 from .position_encoding import SCALING_MODES, PositionEncoding, RotaryEmbedding
-from .tables import AttentionBias, ParabolicBias, RotaryTable, apply_rotary
+from .tables import AttentionBias, Build, ParabolicBias, RotaryTable, Table
 from .video import VideoVisionTransformer
 from .vit import VisionTransformer
 
@@ -12,14 +12,15 @@ __all__ = [
     "FAMILIES",
     "SCALING_MODES",
     "AttentionBias",
+    "Build",
     "Family",
     "ParabolicBias",
     "PositionEncoding",
     "RotaryEmbedding",
     "RotaryTable",
+    "Table",
     "VideoVisionTransformer",
     "VisionTransformer",
-    "apply_rotary",
     "checkpoint_filter_fn",
     "register_family",
 ]

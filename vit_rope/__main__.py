@@ -18,8 +18,8 @@ def main() -> None:
 
     print("\n<R(a) q, R(b) k> for the same offset b - a at three places, random learned parameters:")
     q, k = torch.randn(2, 1, 2, 1, 64, dtype=torch.float64)
-    for name in sorted(n for n, f in FAMILIES.items() if f.rotary):
-        layer = RotaryEmbedding(64, axes=2, freqs=name, num_heads=2).double()
+    for name in sorted(n for n, f in FAMILIES.items() if f.rotary and f.min_axes <= 2):
+        layer = RotaryEmbedding(64, axes=2, family=name, num_heads=2).double()
         with torch.no_grad():
             for p in layer.parameters():
                 p.copy_(torch.randn_like(p) * 0.3)

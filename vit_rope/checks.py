@@ -11,7 +11,6 @@ __all__ = ["check_batch", "check_global_pool", "check_image_input", "check_rates
 
 
 @register_notrace_function  # torch.fx: a leaf
-@torch.jit.ignore  # TorchScript: Python, as every check of shapes
 def check_image_input(x: Tensor, in_chans: int, patch_size: Any, pad: bool, weight: Tensor) -> None:
     """One clear error for input an image model cannot take."""
     if x.ndim != 4:

@@ -1,43 +1,45 @@
-"""What a position-encoding family hands attention for one set of tokens, and the whole math of applying it.
+"""What a position encoding hands attention, and the whole math of applying it: one frozen value per grid (or batch).
 
+* :class:`Table`: no relative encoding, plain attention (APE and no-PE models).
 * :class:`RotaryTable`: a rotation of each token's channels, per head: channel pairs turned by angles (``cos``,
-  ``sin``: axial, mixed, spiral RoPE), or consecutive blocks of ``b`` channels turned by ``b×b`` rotation matrices
-  (``blocks``: ComRoPE, LieRE); either optionally inside an orthogonal change of basis (``basis``: Cayley-STRING's
-  ``R = Pᵀ · turn · P``).
-* :class:`AttentionBias`: an additive bias on the attention logits (LookHere).
+  ``sin``: axial, mixed, spiral, golden-gate RoPE, ...), or consecutive blocks of ``b`` channels turned by ``b×b``
+  rotation matrices (``blocks``: LieRE, ComRoPE); either optionally inside an orthogonal change of basis (``basis``:
+  Cayley-STRING's ``R = Pᵀ · turn · P``, ComRoPE's eigenbases), which attention folds into the q and k projections.
+* :class:`AttentionBias`: an additive bias on the attention logits (LookHere), a block of queries at a time.
 * :class:`ParabolicBias`: a bias on the logits that is an inner product of a few columns appended to q and k (PaPE),
   so attention stays one SDPA call with no ``N × N`` bias at all.
+
+Attention asks a table one thing, :meth:`Table.attend`: the attention of its tokens, from the layer's input and qkv
+projection to ``(B, heads, N, dim)``. A family builds its table once, in its final dtype, from its raw output (angles,
+generators or bias terms) with :class:`Build`, which carries what the pipeline adds to every family: the prefix rows
+(cls, registers: unturned, unbiased), p-RoPE's turning pairs, YaRN's temperature and the dtype.
 
 Leading dims broadcast against attention's ``(B, heads, N, dim)``: ``([B,] [layer,] [heads,] N, ...)``, where per-sample
 tables (token dropping) and per-layer ones always carry a head dim (1 when heads share it); a table whose
 ``per_layer`` is set holds one entry per model layer (``.layer(i)`` picks one). Tables keep their own precision
 (float32 at least): arithmetic runs in it, outside autocast, and the result is rounded once to the input's dtype.
-
-Plain classes with typed fields rather than dataclasses: TorchScript compiles them, so a scripted model turns its q
-and k here too.
 """
 
+from __future__ import annotations
+
+import math
 from contextlib import nullcontext
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 __all__ = [
     "AttentionBias",
+    "Build",
     "ParabolicBias",
     "RotaryTable",
     "Table",
-    "apply_rotary",
     "outside_autocast",
     "rotate_pairs",
-    "tracing",
+    "split_heads",
 ]
-
-
-def tracing() -> bool:
-    """True while torch.compile, torch.export, ONNX export or TorchScript tracing sees the code."""
-    return torch.compiler.is_compiling() or torch.jit.is_tracing()
 
 
 def outside_autocast(device_type: str):
@@ -46,11 +48,29 @@ def outside_autocast(device_type: str):
     return torch.autocast(device_type, enabled=False) if torch.amp.is_autocast_available(device_type) else nullcontext()
 
 
+def split_heads(qkv: Tensor, heads: int) -> tuple[Tensor, Tensor, Tensor]:
+    """A qkv projection ``(B, N, 3 · heads · dim)`` → q, k, v ``(B, heads, N, dim)`` each."""
+    B, N, _ = qkv.shape
+    q, k, v = qkv.view(B, N, 3, heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+    return q, k, v
+
+
+def fold_basis(weight: Tensor, bias: Tensor | None, basis: Tensor, heads: int) -> tuple[Tensor, Tensor | None]:
+    """A qkv projection's weight and bias with q's and k's rows turned by a basis ``(heads | 1, dim, dim)``:
+    ``P W_q``, ``P W_k`` (since ``<Pᵀ R P q, Pᵀ R P k> = <R P q, R P k>``)."""
+    w = weight.unflatten(0, (3, heads, -1))  # (3, heads, dim, C)
+    folded = torch.cat((basis.to(w.dtype) @ w[:2], w[2:])).flatten(0, 2)
+    if bias is None:
+        return folded, None
+    b = bias.unflatten(0, (3, heads, -1)).unsqueeze(-1)  # (3, heads, dim, 1)
+    return folded, torch.cat((basis.to(b.dtype) @ b[:2], b[2:])).flatten()
+
+
 def rotate_pairs(x: Tensor, cos: Tensor, sin: Tensor, layout: str = "interleaved") -> Tensor:
     """Turn channel pairs of ``x (..., N, dim)`` by angles given as ``cos, sin (..., N, dim // 2)``, in their dtype.
 
     ``layout="interleaved"`` pairs channels (2i, 2i+1), ``"half"`` pairs i with i + dim/2. Real arithmetic only (no
-    complex ops, no ``tensor_split``), so it traces, exports to ONNX, scripts and fuses under ``torch.compile``.
+    complex ops), so it exports to ONNX and fuses under ``torch.compile``.
     """
     x = x.to(torch.promote_types(x.dtype, cos.dtype))
     if layout == "interleaved":
@@ -61,25 +81,18 @@ def rotate_pairs(x: Tensor, cos: Tensor, sin: Tensor, layout: str = "interleaved
     return torch.cat((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
 
 
-def _complex_viewable(x: Tensor) -> bool:
-    """Whether a complex view can take the channel pairs of ``x`` (q or k of a fresh qkv projection can)."""
-    return x.stride(-1) == 1 and x.storage_offset() % 2 == 0 and all(s % 2 == 0 for s in x.stride()[:-1])
+def _prepend(t: Tensor, n: int, dim: int, value: float = 0.0) -> Tensor:
+    """``t`` with ``n`` entries of ``value`` first along dim ``dim`` (counted from the end): prefix tokens' rows."""
+    if n == 0:
+        return t
+    shape = list(t.shape)
+    shape[t.dim() + dim] = n
+    return torch.cat((t.new_full(shape, value), t), dim=dim)
 
 
-def _turn_complex(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Channel pairs (2i, 2i+1) of ``x`` times ``cos + i·sin`` as complex numbers: one pass over x where
-    :func:`rotate_pairs` takes five (the eager fast path: 1.07x the forward and 1.05x the train-step throughput of
-    ViT-S at 224², batch 8, 2 CPU cores; ``bench/throughput.py --sections apply``)."""
-    real = torch.promote_types(x.dtype, cos.dtype)
-    z = torch.view_as_complex(x.to(real).unflatten(-1, (-1, 2)))
-    return torch.view_as_real(z * torch.complex(cos, sin)).flatten(-2)
-
-
-def _take(t: Tensor | None, rows: Tensor, dim: int) -> Tensor | None:
+def _take(t: Tensor, rows: Tensor, dim: int) -> Tensor:
     """Rows ``(B, T)`` of token dim ``dim`` (from the end) of ``t``, the sample dim first and a head dim kept:
     ``([layer,] heads | 1, N, ...)`` → ``(B, [layer,] heads | 1, T, ...)``."""
-    if t is None:
-        return None
     if t.dim() == -dim:  # no head dim: one for every head
         t = t.unsqueeze(0)
     at = t.dim() + dim
@@ -87,15 +100,47 @@ def _take(t: Tensor | None, rows: Tensor, dim: int) -> Tensor | None:
     return picked.movedim(at, 0)
 
 
-def _prepend(t: Tensor, n: int, value: float, dim: int) -> Tensor:
-    """``t`` with ``n`` entries of ``value`` first along dim ``dim`` (counted from the end): the rows of prefix
-    tokens."""
-    shape = list(t.shape)
-    shape[t.dim() + dim] = n
-    return torch.cat((t.new_full(shape, value), t), dim=dim)
+@dataclass(frozen=True)
+class Build:
+    """What the pipeline (:class:`~vit_rope.position_encoding.PositionEncoding`) asks of every family's table:
+    ``prefix`` rows first (cls, registers: unturned, unbiased), the ``dtype`` it is kept in, p-RoPE's ``rotating``
+    pairs (a ``(dim // 2,)`` bool mask, or None: all turn) and YaRN's ``temperature`` (per-pair factors the rotation
+    scales by, or None). The table constructors apply them to the family's raw output as they build, once."""
+
+    prefix: int = 0
+    dtype: torch.dtype = torch.float32
+    rotating: Tensor | None = None
+    temperature: Tensor | None = None
+
+    def precise(self, t: Tensor) -> Tensor:
+        """A learned parameter in the precision its table is computed in: float32 at least (under autocast too: bf16
+        angles drift, timm PR #2089), float64 for a float64 table."""
+        return t.to(torch.promote_types(t.dtype, self.dtype))
 
 
-class RotaryTable:
+@dataclass(frozen=True, kw_only=True)
+class Table:
+    """No relative position encoding: plain attention. The base of every table, and the one verb attention uses."""
+
+    per_layer: bool = False  # one entry per model layer, right after the batch dim; layer(i) picks one
+
+    def layer(self, index: int) -> Table:
+        """The table of model layer ``index`` (a table shared by every layer is returned as it is)."""
+        return self
+
+    def gather(self, rows: Tensor) -> Table:
+        """Each sample's tokens ``rows (B, T)`` (prefix rows included): a per-sample table."""
+        return self
+
+    def attend(self, x: Tensor, qkv: nn.Linear, heads: int, targets: str, dropout: float) -> Tensor:
+        """Attention over the layer's input ``x (B, N, C)`` → ``(B, heads, N, dim)``; ``targets``: which of q, k, v
+        and the output a rotation turns (letters of "qkvo")."""
+        q, k, v = split_heads(qkv(x), heads)
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RotaryTable(Table):
     """A rotation of every token's channels, per head: pairs by ``cos``/``sin ([B,] [layer,] heads | 1, N, dim // 2)``
     in ``layout``, or blocks by ``blocks ([B,] [layer,] heads | 1, N, dim // b, b, b)`` (channels past the last block
     stay unturned); inside ``basis ([layer,] heads | 1, dim, dim)`` when given: ``R = basisᵀ · turn · basis``.
@@ -103,83 +148,137 @@ class RotaryTable:
     ``scaled``: ``|cos + i·sin| ≠ 1`` (YaRN's temperature), so it scales as it turns and cannot turn back.
     """
 
-    def __init__(
-        self,
-        cos: Tensor | None = None,
-        sin: Tensor | None = None,
-        blocks: Tensor | None = None,
-        basis: Tensor | None = None,
-        layout: str = "interleaved",
-        per_layer: bool = False,
-        scaled: bool = False,
-    ) -> None:
-        self.cos = cos
-        self.sin = sin
-        self.blocks = blocks
-        self.basis = basis
-        self.layout = layout
-        self.per_layer = per_layer
-        self.scaled = scaled
+    cos: Tensor | None = None
+    sin: Tensor | None = None
+    blocks: Tensor | None = None
+    basis: Tensor | None = None
+    layout: str = "interleaved"
+    scaled: bool = False
 
-    def _main(self) -> Tensor:
-        """The tensor that says the shape: cos for pairs, blocks for blocks."""
-        t = self.cos if self.blocks is None else self.blocks
-        assert t is not None, "a RotaryTable needs cos and sin, or blocks"
-        return t
+    @classmethod
+    def from_angles(
+        cls,
+        angles: Tensor,
+        build: Build,
+        *,
+        layout: str = "interleaved",
+        basis: Tensor | None = None,
+        per_layer: bool = False,
+    ) -> RotaryTable:
+        """Pairs turned by ``angles ([B,] [layer,] heads | 1, N, dim // 2)``: p-RoPE's still pairs at angle 0, the
+        prefix rows at angle 0, cos and sin times the temperature, in ``build.dtype``."""
+        if build.rotating is not None:
+            angles = angles * build.rotating.to(angles)  # p-RoPE: the pairs that do not turn, angle 0
+        angles = _prepend(angles, build.prefix, -2)  # prefix tokens: unturned
+        cos, sin = angles.cos(), angles.sin()
+        if build.temperature is not None:  # after the prefix rows: it scales every q·k logit, the cls token's too
+            m = build.temperature.to(cos)
+            cos, sin = cos * m, sin * m
+        dtype = build.dtype
+        return cls(
+            cos=cos.to(dtype),
+            sin=sin.to(dtype),
+            basis=None if basis is None else basis.to(dtype),
+            layout=layout,
+            per_layer=per_layer,
+            scaled=build.temperature is not None,
+        )
+
+    @classmethod
+    def from_generators(cls, generators: Tensor, build: Build, *, per_layer: bool = False) -> RotaryTable:
+        """Blocks ``exp(generators)`` for skew-symmetric ``generators ([B,] [layer,] heads | 1, N, blocks, b, b)``,
+        the prefix rows the identity (a zero generator); the exponentials in float64 (float32 ones drift off the
+        rotations at large positions), kept in ``build.dtype``."""
+        if build.rotating is not None or build.temperature is not None:
+            raise ValueError("p-RoPE and YaRN's temperature act on channel pairs; a block rotation has none")
+        exact = torch.float32 if generators.device.type == "mps" else torch.float64  # MPS has no float64
+        blocks = torch.linalg.matrix_exp(_prepend(generators, build.prefix, -4).to(exact))
+        return cls(blocks=blocks.to(build.dtype), per_layer=per_layer)
 
     @property
     def num_tokens(self) -> int:
-        t = self._main()
-        return t.shape[-2] if self.blocks is None else t.shape[-4]
+        return self.cos.shape[-2] if self.blocks is None else self.blocks.shape[-4]
 
     @property
     def num_heads(self) -> int:
         """Heads the table holds one rotation each for (1: the same for all)."""
-        t = self._main()
-        head_dim = -3 if self.blocks is None else -5
+        t, head_dim = (self.cos, -3) if self.blocks is None else (self.blocks, -5)
         return t.shape[head_dim] if t.dim() >= -head_dim else 1
 
-    # ------------------------------------------------------------------------------------------------ rotate
-    def rotate(self, x: Tensor, inverse: bool = False) -> Tensor:
-        """``x (..., N, dim)`` turned by each token's rotation (``inverse``: turned back, ``Rᵀ``); x's dtype."""
+    def layer(self, index: int) -> RotaryTable:
+        if not self.per_layer:
+            return self
+        cos, sin, blocks, basis = self.cos, self.sin, self.blocks, self.basis
+        return replace(
+            self,
+            cos=None if cos is None else cos.select(-4, index),
+            sin=None if sin is None else sin.select(-4, index),
+            blocks=None if blocks is None else blocks.select(-6, index),
+            basis=None if basis is None else basis.select(-4, index),
+            per_layer=False,
+        )
+
+    def gather(self, rows: Tensor) -> RotaryTable:
+        if self.blocks is not None:
+            return replace(self, blocks=_take(self.blocks, rows, -4))
+        return replace(self, cos=_take(self.cos, rows, -2), sin=_take(self.sin, rows, -2))
+
+    def attend(self, x: Tensor, qkv: nn.Linear, heads: int, targets: str, dropout: float) -> Tensor:
+        """q, k, v turned as ``targets`` says ("o": the output turned back by each query's rotation, VO-RoPE); a basis
+        folds into the q and k projections where only q and k turn, exactly."""
+        if self.scaled and ("v" in targets or "o" in targets):
+            raise ValueError(
+                "rope_scaling='yarn' above the training size scales q and k by its attention temperature, which would "
+                "scale v and the output too with rope_targets turning v or o; use 'pi', 'ntk' or 'normalized' there"
+            )
+        folded = self.basis is not None and targets == "qk"
+        if folded:
+            q, k, v = split_heads(F.linear(x, *fold_basis(qkv.weight, qkv.bias, self.basis, heads)), heads)
+        else:
+            q, k, v = split_heads(qkv(x), heads)
+        q = self.rotate(q, in_basis=not folded) if "q" in targets else q
+        k = self.rotate(k, in_basis=not folded) if "k" in targets else k
+        v = self.rotate(v) if "v" in targets else v
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)
+        return self.rotate(out, inverse=True) if "o" in targets else out
+
+    def rotate(self, x: Tensor, inverse: bool = False, in_basis: bool = True) -> Tensor:
+        """``x (..., N, dim)`` turned by each token's rotation (``inverse``: turned back, ``Rᵀ``; ``in_basis=False``:
+        the turn alone, its basis folded elsewhere); x's dtype."""
         if inverse and self.scaled:
             raise ValueError(
                 "inverse=True under scaling='yarn' at a scale above 1: its table scales by the attention temperature "
                 "as it turns, so turning back would scale again instead of undoing; use 'pi', 'ntk' or 'normalized'"
             )
-        if self.basis is None and self.blocks is None:  # elementwise ops, which autocast leaves alone
-            return self._turn_pairs(x, inverse).to(x.dtype)
-        if torch.jit.is_scripting():
-            return self._turn_in_basis(x, inverse).to(x.dtype)
+        basis = self.basis if in_basis else None
+        if self.blocks is None and basis is None:  # pairs alone: elementwise ops, which autocast leaves alone
+            cos, sin = self.cos, -self.sin if inverse else self.sin
+            eager = self.layout == "interleaved" and not torch.compiler.is_compiling()
+            # a complex view needs channel pairs side by side at even offsets (as q and k of a qkv projection are)
+            if eager and x.stride(-1) == 1 and x.storage_offset() % 2 == 0 and math.gcd(*x.stride()[:-1]) % 2 == 0:
+                # eager: pairs (2i, 2i+1) as complex numbers times cos + i·sin, one pass over x (rotate_pairs takes
+                # five; docs/speed.md); compile, export and ONNX take the real arithmetic
+                z = torch.view_as_complex(x.to(torch.promote_types(x.dtype, cos.dtype)).unflatten(-1, (-1, 2)))
+                return torch.view_as_real(z * torch.complex(cos, sin)).flatten(-2).to(x.dtype)
+            return rotate_pairs(x, cos, sin, self.layout).to(x.dtype)
         with outside_autocast(x.device.type):  # matrix products in the table's precision, under autocast too
-            return self._turn_in_basis(x, inverse).to(x.dtype)
-
-    def _turn_in_basis(self, x: Tensor, inverse: bool) -> Tensor:
-        basis = self.basis
-        if basis is not None:
-            x = x.to(basis.dtype) @ basis.mT  # P x, x as rows
-        x = self._turn_pairs(x, inverse) if self.blocks is None else self._turn_blocks(x, inverse)
-        return x if basis is None else x @ basis  # Pᵀ · turn · P x
-
-    def _turn_pairs(self, x: Tensor, inverse: bool) -> Tensor:
-        cos, sin = self.cos, self.sin
-        assert cos is not None and sin is not None
-        sin = -sin if inverse else sin
-        if not torch.jit.is_scripting():  # noqa: SIM102 (TorchScript skips this block only when the test stands alone)
-            if self.layout == "interleaved" and not tracing() and _complex_viewable(x):
-                return _turn_complex(x, cos, sin)
-        return rotate_pairs(x, cos, sin, self.layout)
+            dtype = (self.cos if self.blocks is None else self.blocks).dtype
+            turned = x.to(dtype) if basis is None else x.to(basis.dtype) @ basis.mT  # P x, x as rows
+            if self.blocks is None:
+                sin = -self.sin if inverse else self.sin
+                turned = rotate_pairs(turned, self.cos, sin, self.layout)
+            else:
+                turned = self._turn_blocks(turned, inverse)
+            return (turned if basis is None else turned @ basis).to(x.dtype)  # Pᵀ · turn · P x
 
     def _turn_blocks(self, x: Tensor, inverse: bool) -> Tensor:
-        R = self.blocks
-        assert R is not None
-        R = R.mT if inverse else R  # (..., N, blocks, b, b)
+        R = self.blocks.mT if inverse else self.blocks  # (..., N, blocks, b, b)
         count, b = R.shape[-3], R.shape[-1]
         turned = x[..., : count * b].to(R.dtype).unflatten(-1, (count, b))  # (..., N, blocks, b)
         batch = turned.dim() - R.dim() + 1  # leading dims of x that the table is the same for
         if batch > 0:
             # those dims as the columns of one matrix a block: one (b, b) @ (b, batch) product a block instead of
-            # batch matrix-vector products (2.6x faster for ViT-S q at 224², batch 8, on 2 CPU cores)
+            # batch matrix-vector products (docs/speed.md)
             lead = turned.shape[:batch]
             columns = turned.flatten(0, batch - 1).movedim(0, -1)  # (..., N, blocks, b, batch)
             turned = (R @ columns).movedim(-1, 0).unflatten(0, lead)
@@ -189,69 +288,9 @@ class RotaryTable:
         rest = x[..., count * b :].to(turned.dtype)
         return torch.cat((turned, rest.expand(turned.shape[:-1] + rest.shape[-1:])), dim=-1)
 
-    # ---------------------------------------------------------------------------------------------- derived
-    def layer(self, index: int) -> "RotaryTable":
-        """The table of model layer ``index`` (a table that is the same for every layer is returned as it is)."""
-        if not self.per_layer:
-            return self
-        cos, sin, blocks, basis = self.cos, self.sin, self.blocks, self.basis
-        return RotaryTable(
-            None if cos is None else cos.select(-4, index),
-            None if sin is None else sin.select(-4, index),
-            None if blocks is None else blocks.select(-6, index),
-            None if basis is None else basis.select(-4, index),
-            self.layout,
-            False,
-            self.scaled,
-        )
 
-    def without_basis(self) -> "RotaryTable":
-        """The turn alone (attention folds the basis into its q and k projections)."""
-        return RotaryTable(self.cos, self.sin, self.blocks, None, self.layout, self.per_layer, self.scaled)
-
-    @torch.jit.unused
-    def gather(self, rows: Tensor) -> "RotaryTable":
-        """Each sample's tokens ``rows (B, T)`` (prefix rows included): a per-sample table ``(B, [layer,] heads | 1,
-        T, ...)``."""
-        cos, sin = _take(self.cos, rows, -2), _take(self.sin, rows, -2)
-        return self.replace(cos=cos, sin=sin, blocks=_take(self.blocks, rows, -4))
-
-    @torch.jit.unused
-    def with_prefix(self, n: int) -> "RotaryTable":
-        """``n`` identity rows first: prefix tokens (cls, registers) stay unturned (``Pᵀ P = I`` with a basis)."""
-        if self.blocks is not None:
-            eye = torch.eye(self.blocks.shape[-1], dtype=self.blocks.dtype, device=self.blocks.device)
-            shape = list(self.blocks.shape)
-            shape[-4] = n
-            return self.replace(blocks=torch.cat((eye.expand(shape), self.blocks), dim=-4))
-        return self.replace(cos=_prepend(self.cos, n, 1.0, -2), sin=_prepend(self.sin, n, 0.0, -2))
-
-    @torch.jit.unused
-    def with_temperature(self, m: Tensor) -> "RotaryTable":
-        """Every pair scaled by ``m (dim // 2,)`` as it turns (YaRN's attention temperature, prefix rows included)."""
-        m = m.to(self.cos)
-        return self.replace(cos=self.cos * m, sin=self.sin * m, scaled=True)
-
-    @torch.jit.unused
-    def to(self, dtype: torch.dtype) -> "RotaryTable":
-        return self.with_tensors(*(None if t is None else t.to(dtype) for t in self.tensors()))
-
-    @torch.jit.unused
-    def tensors(self) -> tuple:
-        """The table's tensors (gradient checkpointing passes them as arguments, so that their graph is kept)."""
-        return self.cos, self.sin, self.blocks, self.basis
-
-    @torch.jit.unused
-    def with_tensors(self, cos, sin, blocks, basis) -> "RotaryTable":
-        return self.replace(cos=cos, sin=sin, blocks=blocks, basis=basis)
-
-    @torch.jit.unused
-    def replace(self, **changes) -> "RotaryTable":
-        """A copy with some fields changed."""
-        return RotaryTable(**{**vars(self), **changes})
-
-
-class AttentionBias:
+@dataclass(frozen=True, kw_only=True)
+class AttentionBias(Table):
     """A bias on the attention logits of distance penalties and fields of view (LookHere): query i, key j and head h
     get ``-slopes[h] · ‖xy_j - xy_i‖``, and ``-inf`` where a directed head's wedge (between its two rays, both
     included) does not hold the offset; prefix tokens (the first ``num_prefix``) see and are seen by every token,
@@ -260,73 +299,65 @@ class AttentionBias:
 
     Attention takes the bias a block of queries at a time (:meth:`block`; as many queries as keep a block's logits
     within ``block_bytes``, 4 MiB), so no ``N × N`` tensor need be held for a whole layer; ``dense``, the unscaled
-    ``([B,] heads, N, N)`` bias precomputed once per grid, serves small grids.
+    ``([B,] heads, N, N)`` bias built once per grid, serves grids whose bias fits in one block.
     """
 
-    def __init__(
-        self,
-        xy: Tensor,
-        slopes: Tensor,
-        rays: Tensor,
-        directed: Tensor,
-        num_prefix: int = 0,
-        dense: Tensor | None = None,
-        per_layer: bool = False,
-        layer_scale: Tensor | None = None,
-        block_bytes: int = 1 << 22,
-    ) -> None:
-        self.xy = xy
-        self.slopes = slopes
-        self.rays = rays
-        self.directed = directed
-        self.num_prefix = num_prefix
-        self.dense = dense
-        self.per_layer = per_layer
-        self.layer_scale = layer_scale
-        self.block_bytes = block_bytes
+    xy: Tensor
+    slopes: Tensor
+    rays: Tensor
+    directed: Tensor
+    num_prefix: int = 0
+    dense: Tensor | None = None
+    layer_scale: Tensor | None = None
+    block_bytes: int = 1 << 22
+
+    @classmethod
+    def build(
+        cls, xy: Tensor, slopes: Tensor, rays: Tensor, directed: Tensor, build: Build, *, layer_scale=None
+    ) -> AttentionBias:
+        """The bias of tokens at ``xy ([B,] N, 2)`` with ``build.prefix`` prefix tokens first (their places are
+        placeholders: they have no position), in ``build.dtype``; dense where it fits one block."""
+        xy = _prepend(xy, build.prefix, -2)
+        table = cls(xy=xy, slopes=slopes, rays=rays, directed=directed, num_prefix=build.prefix,
+                    layer_scale=layer_scale, per_layer=layer_scale is not None)  # fmt: skip
+        fits = len(slopes) * xy.shape[-2] ** 2 * 4 <= table.block_bytes  # a grid whose bias fits one block keeps it
+        dense = table.block(0, xy.shape[-2]) if fits else None
+        dt = build.dtype
+        scale = None if layer_scale is None else layer_scale.to(dt)
+        dense = None if dense is None else dense.to(dt)
+        return replace(table, xy=xy.to(dt), slopes=slopes.to(dt), layer_scale=scale, dense=dense)
 
     @property
     def num_tokens(self) -> int:
         return self.xy.shape[-2]
 
-    @property
-    def num_heads(self) -> int:
-        return self.slopes.shape[0]
-
-    def layer(self, index: int) -> "AttentionBias":
+    def layer(self, index: int) -> AttentionBias:
         """Layer ``index``'s bias: the layer's factor folded into the slopes (and the dense bias)."""
-        scale = self.layer_scale
-        if not self.per_layer or scale is None:
+        if not self.per_layer:
             return self
-        dense = self.dense
-        return AttentionBias(
-            self.xy,
-            self.slopes * scale[index],
-            self.rays,
-            self.directed,
-            self.num_prefix,
-            None if dense is None else dense * scale[index],
-            False,
-            None,
-            self.block_bytes,
-        )
+        s = self.layer_scale[index]
+        dense = None if self.dense is None else self.dense * s
+        return replace(self, slopes=self.slopes * s, dense=dense, layer_scale=None, per_layer=False)
+
+    def gather(self, rows: Tensor) -> AttentionBias:
+        rows = rows.to(self.xy.device)
+        xy = self.xy[rows] if self.xy.dim() == 2 else self.xy.gather(1, rows[..., None].expand(-1, -1, 2))
+        dense = None if self.dense is None else torch.stack([self.dense[..., i][..., i, :] for i in rows])
+        return replace(self, xy=xy, dense=dense)  # dense: (B, heads, T, T)
 
     def block(self, start: int, stop: int) -> Tensor:
         """The bias of queries ``start:stop`` against every key: ``([B,] heads, stop - start, N)``."""
-        dense = self.dense
-        if dense is not None:
-            return dense[..., start:stop, :]
+        if self.dense is not None:
+            return self.dense[..., start:stop, :]
         query = self.xy[..., start:stop, :]
         offset = self.xy.unsqueeze(-3) - query.unsqueeze(-2)  # key minus query: ([B,] r, N, 2)
-        bias = -self.slopes[:, None, None] * torch.linalg.vector_norm(offset, dim=-1).unsqueeze(
-            -3
-        )  # ([B,] heads, r, N)
+        distance = torch.linalg.vector_norm(offset, dim=-1).unsqueeze(-3)  # ([B,] 1, r, N)
+        bias = -self.slopes[:, None, None] * distance  # ([B,] heads, r, N)
         dx, dy = offset[..., 0].unsqueeze(-3), offset[..., 1].unsqueeze(-3)  # ([B,] 1, r, N)
         rays = self.rays.to(offset.dtype)[..., None, None]  # (heads, 2 rays, 2 coordinates, 1, 1)
         ax, ay, bx, by = rays[:, 0, 0], rays[:, 0, 1], rays[:, 1, 0], rays[:, 1, 1]
         inside = (ax * dy - ay * dx >= 0) & (dx * by - dy * bx >= 0)  # counter-clockwise of one, clockwise of other
-        visible = inside | ~self.directed[:, None, None]
-        bias = bias.masked_fill(~visible, float("-inf"))
+        bias = bias.masked_fill(~(inside | ~self.directed[:, None, None]), float("-inf"))
         p = self.num_prefix
         if p > 0:  # prefix tokens: seen by every query, and seeing every key, unpenalised
             prefix_key = torch.arange(bias.shape[-1], device=bias.device) < p
@@ -334,49 +365,23 @@ class AttentionBias:
             bias = bias.masked_fill(prefix_key | prefix_query, 0.0)
         return bias
 
-    @torch.jit.unused
-    def densified(self) -> "AttentionBias":
-        """The same bias with its dense form precomputed (for a grid small enough to hold it)."""
-        return self.replace(dense=self.block(0, self.num_tokens))
-
-    @torch.jit.unused
-    def gather(self, rows: Tensor) -> "AttentionBias":
-        """Each sample's tokens ``rows (B, T)`` (prefix rows included)."""
-        rows = rows.to(self.xy.device)
-        xy = self.xy[rows] if self.xy.dim() == 2 else self.xy.gather(1, rows[..., None].expand(-1, -1, 2))
-        dense = self.dense
-        if dense is not None:
-            dense = torch.stack([dense[..., i][..., i, :] for i in rows])  # (B, heads, T, T)
-        return self.replace(xy=xy, dense=dense)
-
-    @torch.jit.unused
-    def with_prefix(self, n: int) -> "AttentionBias":
-        """``n`` prefix tokens first (their places in ``xy`` are placeholders: they have no position)."""
-        xy = torch.cat((self.xy.new_zeros(*self.xy.shape[:-2], n, 2), self.xy), dim=-2)
-        dense = self.dense
-        if dense is not None:
-            dense = _prepend(_prepend(dense, n, 0.0, -1), n, 0.0, -2)
-        return self.replace(xy=xy, num_prefix=self.num_prefix + n, dense=dense)
-
-    @torch.jit.unused
-    def to(self, dtype: torch.dtype) -> "AttentionBias":
-        return self.with_tensors(*(None if t is None else t.to(dtype) for t in self.tensors()))
-
-    @torch.jit.unused
-    def tensors(self) -> tuple:
-        return self.xy, self.slopes, self.dense, self.layer_scale
-
-    @torch.jit.unused
-    def with_tensors(self, xy, slopes, dense, layer_scale) -> "AttentionBias":
-        return self.replace(xy=xy, slopes=slopes, dense=dense, layer_scale=layer_scale)
-
-    @torch.jit.unused
-    def replace(self, **changes) -> "AttentionBias":
-        """A copy with some fields changed."""
-        return AttentionBias(**{**vars(self), **changes})
+    def attend(self, x: Tensor, qkv: nn.Linear, heads: int, targets: str, dropout: float) -> Tensor:
+        """Attention a block of queries at a time: each block's bias is built (or sliced from a small grid's dense
+        bias) as the block is attended, so no ``N × N`` bias is held for a whole layer (docs/speed.md)."""
+        q, k, v = split_heads(qkv(x), heads)
+        B, _, N, _ = q.shape
+        rows = max(1, self.block_bytes // (4 * heads * N))
+        out = []
+        for start in range(0, N, rows):
+            stop = min(start + rows, N)
+            # expanded to every batch dim (a view): CPU attention then takes its fused kernel (docs/speed.md)
+            bias = self.block(start, stop).to(q.dtype).expand(B, heads, stop - start, N)
+            out.append(F.scaled_dot_product_attention(q[:, :, start:stop], k, v, attn_mask=bias, dropout_p=dropout))
+        return out[0] if len(out) == 1 else torch.cat(out, dim=2)
 
 
-class ParabolicBias:
+@dataclass(frozen=True, kw_only=True)
+class ParabolicBias(Table):
     """A sum of parabolas over each pair's offset, on the logits (PaPE), applied as extra columns of q and k.
 
     Query i, key j and head h (a per-head tensor's rows are ``h``) get ``Σ_m [-a_im (w_m · δ)² + b_im (w_m · δ)] / √d``
@@ -392,47 +397,56 @@ class ParabolicBias:
     zero columns, so they see and are seen by every token with no bias.
     """
 
-    def __init__(
-        self,
-        coords: Tensor,
-        directions: Tensor,
-        curvature: Tensor,
-        slope: Tensor,
-        num_prefix: int = 0,
-        per_layer: bool = False,
-    ) -> None:
-        self.coords = coords
-        self.directions = directions
-        self.curvature = curvature
-        self.slope = slope
-        self.num_prefix = num_prefix
-        self.per_layer = per_layer
+    coords: Tensor
+    directions: Tensor
+    curvature: Tensor
+    slope: Tensor
+    num_prefix: int = 0
+
+    @classmethod
+    def build(
+        cls, coords: Tensor, directions: Tensor, curvature: Tensor, slope: Tensor, build: Build, *, per_layer: bool
+    ) -> ParabolicBias:
+        """The parabolas of tokens at ``coords ([B,] N, axes)`` with ``build.prefix`` prefix tokens first (their
+        coordinates are placeholders: their columns are zero), in ``build.dtype``."""
+        learned = (t.to(build.dtype) for t in (directions, curvature, slope))
+        coords = _prepend(coords, build.prefix, -2).to(build.dtype)
+        return cls(coords=coords, directions=next(learned), curvature=next(learned), slope=next(learned),
+                   num_prefix=build.prefix, per_layer=per_layer)  # fmt: skip
 
     @property
     def num_tokens(self) -> int:
         return self.coords.shape[-2]
 
-    @property
-    def num_heads(self) -> int:
-        return self.directions.shape[-3]
-
-    def layer(self, index: int) -> "ParabolicBias":
-        """The parabolas of model layer ``index`` (a table shared by every layer is returned as it is)."""
+    def layer(self, index: int) -> ParabolicBias:
         if not self.per_layer:
             return self
-        pick = [t.select(0, index) for t in (self.directions, self.curvature, self.slope)]
-        return ParabolicBias(self.coords, pick[0], pick[1], pick[2], self.num_prefix, False)
+        W, curvature, slope = self.directions[index], self.curvature[index], self.slope[index]
+        return replace(self, directions=W, curvature=curvature, slope=slope, per_layer=False)
+
+    def gather(self, rows: Tensor) -> ParabolicBias:
+        rows, c = rows.to(self.coords.device), self.coords
+        coords = c[rows] if c.dim() == 2 else c.gather(1, rows[..., None].expand(-1, -1, c.shape[-1]))
+        return replace(self, coords=coords)
+
+    def attend(self, x: Tensor, qkv: nn.Linear, heads: int, targets: str, dropout: float) -> Tensor:
+        """One SDPA call over q and k with the bias's columns appended, its ``scale`` the head dim's 1/√d. v is padded
+        with zero columns to q's width, since fused CPU attention takes one head dim for q, k and v (docs/speed.md)."""
+        q, k, v = split_heads(qkv(x), heads)
+        dim, dtype = q.shape[-1], v.dtype
+        q, k = self.extend(q, k)  # float32 at least (16-bit columns would round the bias away at large offsets)
+        v = F.pad(v.to(q.dtype), [0, q.shape[-1] - dim])
+        with outside_autocast(q.device.type):  # autocast would round q and k to 16 bits again
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=dim**-0.5)
+        return out[..., :dim].to(dtype)
 
     def extend(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         """``q, k (B, heads, N, d)`` with the bias's columns appended (zeros up to a multiple of 8 channels, which
         fused attention kernels prefer), so that ``q' · k' = q · k + √d · bias``; in float32 at least: the bias is a
         difference of terms that grow as ``‖p‖²``, and rounding them to 16 bits would move the logits by ~2⁻⁹ of those
         (0.5 at 14×14 under bfloat16 with the init's parabolas, 16 at 64×64), so attention takes them in float32."""
-        if torch.jit.is_scripting():
+        with outside_autocast(q.device.type):  # the expansion cancels large terms: the table's precision
             query, key = self._columns(q)
-        else:
-            with outside_autocast(q.device.type):  # the expansion cancels large terms: the table's precision
-                query, key = self._columns(q)
         key = key.expand(k.shape[0], k.shape[1], k.shape[2], key.shape[-1])
         pad = -(q.shape[-1] + query.shape[-1]) % 8
         if pad > 0:
@@ -442,66 +456,20 @@ class ParabolicBias:
 
     def _columns(self, q: Tensor) -> tuple[Tensor, Tensor]:
         """The queries' columns ``(B, heads, N, E)`` and the keys' ``([B,] 1, N, E)``, ``E = axes² + axes + 1``."""
-        dtype = torch.promote_types(self.coords.dtype, self.directions.dtype)  # a float64 grid computes in float64
-        W = self.directions.to(dtype)  # (heads, M, axes)
-        p = self.coords.to(dtype).unsqueeze(-3)  # ([B,] 1, N, axes)
+        dtype = self.coords.dtype  # a float64 table computes in float64
+        W = self.directions  # (heads, M, axes)
+        p = self.coords.unsqueeze(-3)  # ([B,] 1, N, axes)
         x = q.to(dtype)
-        a = F.softplus(x @ self.curvature.to(dtype))  # (B, heads, N, M): curvatures, positive (decay with distance)
+        a = F.softplus(x @ self.curvature)  # (B, heads, N, M): curvatures, positive (decay with distance)
         outer = (W.unsqueeze(-1) * W.unsqueeze(-2)).flatten(-2)  # (heads, M, axes²): w_m w_mᵀ
         A = (a @ outer).unflatten(-1, (W.shape[-1], -1))  # (B, heads, N, axes, axes): A_i = Σ_m a_im w_m w_mᵀ
         # β_i = Σ_m b_im w_m with b_i = slopeᵀ q_i is (slope W)ᵀ q_i: the slopes themselves are never formed
-        beta = x @ (self.slope.to(dtype) @ W)  # (B, heads, N, axes)
+        beta = x @ (self.slope @ W)  # (B, heads, N, axes)
         Ap = (A * p.unsqueeze(-2)).sum(dim=-1)  # (B, heads, N, axes): A_i p_i
         linear = 2 * Ap + beta  # 2 A_i p_i + β_i
         constant = -((Ap + beta) * p).sum(dim=-1, keepdim=True)  # -p_iᵀ A_i p_i - β_i · p_i
-        patch = (torch.arange(p.shape[-2], device=p.device) >= self.num_prefix).to(p.dtype).unsqueeze(-1)
+        patch = (torch.arange(p.shape[-2], device=p.device) >= self.num_prefix).to(dtype).unsqueeze(-1)
         query = torch.cat((-A.flatten(-2), linear, constant), dim=-1) * patch  # SDPA's 1/√d divides them as q·k
         squares = (p.unsqueeze(-1) * p.unsqueeze(-2)).flatten(-2)  # vec(p_j p_jᵀ)
         key = torch.cat((squares, p, torch.ones_like(p[..., :1])), dim=-1) * patch
         return query, key
-
-    @torch.jit.unused
-    def gather(self, rows: Tensor) -> "ParabolicBias":
-        """Each sample's tokens ``rows (B, T)`` (prefix rows first, as the caller puts them)."""
-        rows = rows.to(self.coords.device)
-        c = self.coords
-        coords = c[rows] if c.dim() == 2 else c.gather(1, rows[..., None].expand(-1, -1, c.shape[-1]))
-        return self.replace(coords=coords)
-
-    @torch.jit.unused
-    def with_prefix(self, n: int) -> "ParabolicBias":
-        """``n`` prefix tokens first (their coordinates are placeholders: their columns are zero)."""
-        coords = torch.cat((self.coords.new_zeros(*self.coords.shape[:-2], n, self.coords.shape[-1]), self.coords), -2)
-        return self.replace(coords=coords, num_prefix=self.num_prefix + n)
-
-    @torch.jit.unused
-    def to(self, dtype: torch.dtype) -> "ParabolicBias":
-        return self.with_tensors(*(t.to(dtype) for t in self.tensors()))
-
-    @torch.jit.unused
-    def tensors(self) -> tuple:
-        return self.coords, self.directions, self.curvature, self.slope
-
-    @torch.jit.unused
-    def with_tensors(self, coords, directions, curvature, slope) -> "ParabolicBias":
-        return self.replace(coords=coords, directions=directions, curvature=curvature, slope=slope)
-
-    @torch.jit.unused
-    def replace(self, **changes) -> "ParabolicBias":
-        """A copy with some fields changed."""
-        return ParabolicBias(**{**vars(self), **changes})
-
-
-Table = RotaryTable | AttentionBias | ParabolicBias
-
-
-def apply_rotary(x: Tensor, table: RotaryTable, inverse: bool = False) -> Tensor:
-    """Rotate ``x (..., N, dim)`` by ``table`` (``inverse=True`` turns back: Rᵀ), checking that they fit; x's dtype."""
-    if isinstance(table, AttentionBias | ParabolicBias):
-        raise ValueError("an attention bias (LookHere, PaPE) does not rotate vectors: attention adds it to its logits")
-    if x.shape[-2] != table.num_tokens:
-        raise ValueError(
-            f"x has {x.shape[-2]} tokens but the rotary table has {table.num_tokens}; the grid (plus prefix tokens) "
-            "must match the sequence length of x"
-        )
-    return table.rotate(x, inverse)

@@ -29,7 +29,6 @@ __all__ = ["TubeletEmbed", "VideoVisionTransformer"]
 
 
 @register_notrace_function  # torch.fx: a leaf
-@torch.jit.ignore  # TorchScript: Python, as every check of shapes
 def check_video_input(x: Tensor, in_chans: int, tubelet: int, patch_size: Any, weight: Tensor) -> None:
     """One clear error for input a video model cannot take."""
     if x.ndim != 5:

@@ -38,8 +38,8 @@ from .attention import Attention, parse_rope_targets
 from .checkpoint import checkpoint_filter_fn, resample_grid_embed
 from .checks import check_global_pool, check_image_input, check_rates, check_sizes
 from .families import FAMILIES, Family, on_register
-from .position_encoding import PositionEncoding, unscripted
-from .tables import AttentionBias, ParabolicBias, RotaryTable, Table
+from .position_encoding import PositionEncoding
+from .tables import Table
 
 __all__ = ["VisionTransformer", "family_of", "pos_embed_names"]
 
@@ -93,63 +93,22 @@ class Block(nn.Module):
         self.ls2 = LayerScale(dim, init_values, **dd) if init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
-    def forward(self, x: Tensor, table: Table | None = None) -> Tensor:
+    def forward(self, x: Tensor, table: Table) -> Tensor:
         x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), table)))
         return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
 
 
-# What depends on the grid's size is a leaf for torch.fx and Python for TorchScript (``torch.jit.ignore``): a scripted
-# model runs its trunk in TorchScript and calls back into Python for these (the grid passes between them as ``Any``).
-
-
-@register_notrace_function
-@torch.jit.ignore
-def absolute_positions(x: Tensor, pos_embed: Tensor | None, sincos: bool, ref_grid: Any) -> tuple[Tensor, Any]:
-    """Patch tokens ``(B, *grid, C)`` → flat tokens with any absolute embedding added, and the grid."""
+@register_notrace_function  # a leaf for torch.fx: the embedding follows the grid's size
+def absolute_positions(x: Tensor, pos_embed: Tensor | None, sincos: bool, ref_grid: tuple[int, ...]) -> Tensor:
+    """Patch tokens ``(B, *grid, C)`` → flat tokens ``(B, N, C)`` with any absolute embedding added (APE resampled to
+    the grid, or 2D sin-cos)."""
     grid = tuple(x.shape[1:-1])
     x = x.flatten(1, -2)
     if pos_embed is not None:
         x = x + resample_grid_embed(pos_embed, grid, ref_grid)
     elif sincos:
         x = x + build_sincos2d_pos_embed(list(grid), x.shape[-1], device=x.device).unsqueeze(0).to(x.dtype)
-    return x, grid
-
-
-@register_notrace_function
-@torch.jit.ignore
-def position_table(encoding: Any, grid: Any, keep: Tensor | None, x: Tensor, vo: bool) -> Table:
-    """The table of the grid (cached; prefix rows identity), of its tokens ``keep (B, K)`` after token dropping."""
-    encoding = unscripted(encoding)
-    if vo and encoding.has_temperature(grid):
-        raise ValueError(
-            f"rope_scaling='yarn' at grid {grid} scales q and k by its attention temperature, which would scale v and "
-            "the output too with rope_targets turning v or o; use rope_scaling 'pi', 'ntk' or 'normalized' there"
-        )
-    return encoding.table(grid, keep=keep, device=x.device, dtype=x.dtype)
-
-
-@register_notrace_function
-@torch.jit.ignore
-def tokens_to_grid(x: Tensor, grid: Any) -> Tensor:
-    """Spatial tokens ``(B, N, C)`` → ``(B, C, *grid)``."""
-    return x.reshape(x.shape[0], *grid, -1).movedim(-1, 1).contiguous()
-
-
-@register_notrace_function
-def layer_table(table: Table | None, index: int) -> Table | None:
-    """The table of layer ``index`` (TorchScript calls a method of a union of classes only on one class at a time)."""
-    if isinstance(table, RotaryTable):
-        return table.layer(index)
-    if isinstance(table, AttentionBias):
-        return table.layer(index)
-    if isinstance(table, ParabolicBias):
-        return table.layer(index)
-    return None
-
-
-def _block_with_tensors(block: nn.Module, x: Tensor, table: Table, *tensors: Tensor | None) -> Tensor:
-    """A block run on a table whose tensors come as arguments (so that gradient checkpointing keeps them)."""
-    return block(x, table.with_tensors(*tensors))
+    return x
 
 
 class VisionTransformer(nn.Module):
@@ -178,7 +137,7 @@ class VisionTransformer(nn.Module):
         rope_theta: float | None = None,
         rope_layout: str | None = None,
         rope_axis_dims: Sequence[int] | None = None,
-        rope_fraction: float | None = None,
+        rope_rotate_fraction: float | None = None,
         rope_coords: str = "index",
         rope_scaling: str = "none",
         rope_scale: float | Sequence[float] | None = None,
@@ -230,8 +189,14 @@ class VisionTransformer(nn.Module):
 
         targets = parse_rope_targets(rope_targets)
         family = family_of(pos_embed)
-        rope_args = dict(theta=rope_theta, layout=rope_layout, axis_dims=rope_axis_dims, rotate_fraction=rope_fraction)
-        rope_args |= dict(coords=rope_coords, scaling=rope_scaling, scale=rope_scale, shift=rope_shift)
+        rope_args = dict(theta=rope_theta, layout=rope_layout, axis_dims=rope_axis_dims)
+        rope_args |= dict(
+            rotate_fraction=rope_rotate_fraction,
+            coords=rope_coords,
+            scaling=rope_scaling,
+            scale=rope_scale,
+            shift=rope_shift,
+        )
         rope_args |= dict(jitter=rope_jitter, rescale=rope_rescale, **(rope_options or {}))
         self.position_encoding: PositionEncoding | None = None
         if family is not None:
@@ -244,6 +209,7 @@ class VisionTransformer(nn.Module):
         if family is not None and not FAMILIES[family].rotary and targets != "qk":
             raise ValueError(f"rope_targets={rope_targets!r}: {pos_embed!r} is an attention bias and turns nothing")
         self.rope_vo = family is not None and any(c in targets for c in "vo")  # VO-RoPE needs pure rotations
+        self.plain = Table()  # what attention gets without a relative encoding
 
         dpr = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]  # stochastic depth, rising linearly
         block_targets = rope_targets if family is not None else "none"
@@ -319,13 +285,11 @@ class VisionTransformer(nn.Module):
             nn.init.normal_(self.reg_token, std=1e-6)
         named_apply(init_weights_vit_timm, self)
 
-    @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
         """Tokens, the absolute embedding and every learned position parameter (as the papers train them)."""
         learned = {n for n, _ in self.named_parameters() if n.startswith("position_encoding.")}
         return {"cls_token", "reg_token", "pos_embed"} | learned
 
-    @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
         """timm's parameter groups (layer-wise LR decay): the stem, each block (the final norm with the last); the
         head, and a learned position encoding (one tensor for every layer), outside them, as timm's RoPE ViT."""
@@ -334,11 +298,9 @@ class VisionTransformer(nn.Module):
             blocks=[(r"^blocks\.(\d+)", None), (r"^norm", (99999,))],
         )
 
-    @torch.jit.ignore
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         self.grad_checkpointing = enable
 
-    @torch.jit.ignore
     def get_classifier(self) -> nn.Module:
         return self.head
 
@@ -388,43 +350,32 @@ class VisionTransformer(nn.Module):
         pe = self.patch_embed
         check_image_input(x, self.in_chans, pe.patch_size, pe.dynamic_img_pad, pe.proj.weight)
 
-    def embed(self, x: Tensor) -> tuple[Tensor, Table | None, Any]:
+    def embed(self, x: Tensor) -> tuple[Tensor, Table, torch.Size]:
         """Patchify, add absolute embeddings, prepend prefix tokens, drop tokens (training, ``patch_drop_rate``);
         also return the position-encoding table of the tokens kept, and the grid."""
         self._check_input(x)
-        is_sincos = self.pos_embed_type == "sincos"
-        x, grid = absolute_positions(self.patch_embed(x), self.pos_embed, is_sincos, self.patch_embed.grid_size)
-        prefix: list[Tensor] = []
-        if self.cls_token is not None:
-            prefix.append(self.cls_token.expand(x.shape[0], -1, -1))
-        if self.reg_token is not None:
-            prefix.append(self.reg_token.expand(x.shape[0], -1, -1))
-        if len(prefix) > 0:
-            x = torch.cat(prefix + [x], dim=1)
-        x, keep = self.patch_drop(x)  # keep: (B, K) patch indices, None when nothing is dropped
-        table: Table | None = None
-        if self.position_encoding is not None:
-            table = position_table(self.position_encoding, grid, keep, x, self.rope_vo)
+        x = self.patch_embed(x)  # (B, *grid, C)
+        grid = x.shape[1:-1]
+        x = absolute_positions(x, self.pos_embed, self.pos_embed_type == "sincos", self.patch_embed.grid_size)
+        prefix = [t.expand(x.shape[0], -1, -1) for t in (self.cls_token, self.reg_token) if t is not None]
+        x = torch.cat([*prefix, x], dim=1) if prefix else x  # (B, prefix + N, C)
+        x, kept = self.patch_drop(x)  # kept: (B, K) patch indices, None when nothing is dropped
+        table = self.plain
+        if self.position_encoding is not None:  # its table, prefix rows first, a row per token kept
+            table = self.position_encoding(grid, tokens=kept, device=x.device, dtype=x.dtype)
         return self.pos_drop(x), table, grid
 
-    def _run_block(self, i: int, x: Tensor, table: Table | None) -> Tensor:
-        table = layer_table(table, i)
-        if not self.grad_checkpointing:
-            return self.blocks[i](x, table)
-        if not isinstance(table, Table):  # no table, or a torch.fx proxy
-            return checkpoint(self.blocks[i], x, table)
-        # the table's tensors go in as arguments: a reentrant checkpoint detaches tensor arguments and hands their
-        # gradients back once a block, where it would otherwise run backward through a learned table's graph each time
-        return checkpoint(_block_with_tensors, self.blocks[i], x, table, *table.tensors())
+    def run_block(self, i: int, x: Tensor, table: Table) -> Tensor:
+        """Block ``i`` with its layer's table; under gradient checkpointing its activations are recomputed in
+        backward (non-reentrant: a learned table's graph is kept, its gradient flows once)."""
+        if self.grad_checkpointing:
+            return checkpoint(self.blocks[i], x, table.layer(i), use_reentrant=False)
+        return self.blocks[i](x, table.layer(i))
 
     def forward_features(self, x: Tensor) -> Tensor:
-        x, table, _ = self.embed(x)
-        if torch.jit.is_scripting():  # TorchScript takes a ModuleList's blocks only by iterating it
-            for i, block in enumerate(self.blocks):
-                x = block(x, layer_table(table, i))
-        else:
-            for i in range(len(self.blocks)):
-                x = self._run_block(i, x, table)
+        x, table, _ = self.embed(x)  # (B, N, C), the table of its tokens
+        for i in range(len(self.blocks)):
+            x = self.run_block(i, x, table)  # Block → Attention → table.attend → SDPA
         return self.norm(x)
 
     def pool(self, x: Tensor, pool_type: str | None = None) -> Tensor:
@@ -445,7 +396,6 @@ class VisionTransformer(nn.Module):
         return self.forward_head(self.forward_features(x))
 
     # ---------------------------------------------------------------------------------------- intermediates
-    @torch.jit.ignore
     def forward_intermediates(
         self,
         x: Tensor,
@@ -464,13 +414,13 @@ class VisionTransformer(nn.Module):
         last = max_index if stop_early else len(self.blocks) - 1
         intermediates = []
         for i in range(last + 1):
-            x = self._run_block(i, x, table)
+            x = self.run_block(i, x, table)
             if i in take_indices:
                 intermediates.append(self.norm(x) if norm else x)
         prefix = [y[:, : self.num_prefix_tokens] for y in intermediates]
         spatial = [y[:, self.num_prefix_tokens :] for y in intermediates]
-        if output_fmt == "NCHW":
-            spatial = [tokens_to_grid(y, grid) for y in spatial]
+        if output_fmt == "NCHW":  # (B, N, C) → (B, C, *grid)
+            spatial = [y.reshape(y.shape[0], *grid, -1).movedim(-1, 1).contiguous() for y in spatial]
         if return_prefix_tokens:
             spatial = list(zip(spatial, prefix, strict=True))
         if intermediates_only:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 
-from .base import Extrapolation, Family
+from .base import Family, Scaling
 
-__all__ = ["FAMILIES", "Extrapolation", "Family", "create_family", "on_register", "register_family"]
+__all__ = ["FAMILIES", "Family", "Scaling", "create_family", "on_register", "register_family"]
 
 FAMILIES: dict[str, type[Family]] = {}
 _LISTENERS: list[Callable[[type[Family]], None]] = []

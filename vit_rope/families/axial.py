@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from . import register_family
-from .base import Extrapolation, PairFamily
+from .base import PairFamily, Scaling
 
 __all__ = ["Axial", "frequency_ladder", "yarn_frequencies", "yarn_temperature"]
 
@@ -25,8 +25,8 @@ def yarn_frequencies(f: Tensor, s: float, length: float, beta_fast: float, beta_
     the original length; frequencies with fewer than ``beta_slow`` turns are interpolated (``f / s``), those with more
     than ``beta_fast`` kept, and a linear ramp blends between them."""
     turns = length * f / (2 * math.pi)
-    keep = ((turns - beta_slow) / (beta_fast - beta_slow)).clamp(0.0, 1.0)
-    return f / s * (1 - keep) + f * keep
+    ramp = ((turns - beta_slow) / (beta_fast - beta_slow)).clamp(0.0, 1.0)  # 0: interpolated, 1: kept
+    return f / s * (1 - ramp) + f * ramp
 
 
 def frequency_ladder(
@@ -57,9 +57,9 @@ class Axial(PairFamily):
         super().__init__(dim, axes, **kwargs)
         self.yarn_beta = tuple(yarn_beta)
 
-    def frequency_matrix(self, extrapolation: Extrapolation | None = None) -> Tensor:
+    def frequency_matrix(self, scaling: Scaling | None = None) -> Tensor:
         """The ``(axes, dim // 2)`` float64 frequency matrix, zero where a pair ignores an axis."""
-        ext = extrapolation or Extrapolation("none", (1.0,) * self.axes)
+        ext = scaling or Scaling("none", (1.0,) * self.axes)
         F = torch.zeros(self.axes, self.dim // 2, dtype=torch.float64)
         for axis, pairs in self.sections():
             length = ext.ref_grid[axis] if ext.ref_grid else 0.0
@@ -68,10 +68,10 @@ class Axial(PairFamily):
             )
         return F
 
-    def temperature(self, extrapolation: Extrapolation) -> Tensor | None:
-        if extrapolation.mode != "yarn" or max(extrapolation.scales) <= 1:
+    def temperature(self, scaling: Scaling) -> Tensor | None:
+        if scaling.mode != "yarn" or max(scaling.scales) <= 1:
             return None
         m = torch.ones(self.dim // 2, dtype=torch.float64)
         for axis, pairs in self.sections():
-            m[pairs] = yarn_temperature(extrapolation.scales[axis])
+            m[pairs] = yarn_temperature(scaling.scales[axis])
         return m

@@ -11,23 +11,24 @@ import torch
 from torch import Tensor, nn
 
 from ..coords import COORDINATE_MODES
-from ..tables import RotaryTable, Table
+from ..tables import Build, RotaryTable, Table
 
 __all__ = [
-    "Extrapolation",
+    "Build",
     "Family",
     "PairFamily",
-    "at_least_float32",
+    "Scaling",
+    "axis_sections",
     "check_axis_dims",
-    "default_axis_dims",
+    "equal_axis_dims",
     "head_angles",
-    "sections",
 ]
 
 
 @dataclass(frozen=True)
-class Extrapolation:
-    """The extrapolation mode of a table and its per-axis scale factors s (1 at or below the reference grid)."""
+class Scaling:
+    """The scaling (extrapolation) mode of a table and its per-axis scale factors s (1 at or below the reference
+    grid), with the reference (training) grid it is measured against."""
 
     mode: str
     scales: tuple[float, ...]
@@ -37,10 +38,9 @@ class Extrapolation:
 class Family(nn.Module):
     """Encodes token coordinates ``([B,] N, axes)`` as what attention applies (:meth:`encode`): a rotation per head (a
     :class:`~vit_rope.tables.RotaryTable`) or a bias on its logits (an :class:`~vit_rope.tables.AttentionBias`, or a
-    :class:`~vit_rope.tables.ParabolicBias` of columns appended to q and k), for prefix-free tokens; the caller
-    (:class:`~vit_rope.position_encoding.PositionEncoding`) adds prefix rows and caches.
-    A family defines ``encode`` rather than ``forward``: TorchScript compiles every submodule's ``forward``, and
-    families are Python that a scripted model calls back into (``torch.jit.ignore``).
+    :class:`~vit_rope.tables.ParabolicBias` of columns appended to q and k), built once by the table's constructor
+    from the family's raw output (angles, generators, bias terms) and the pipeline's :class:`~vit_rope.tables.Build`
+    (prefix rows, p-RoPE's turning pairs, the temperature, the dtype).
 
     A subclass sets ``name`` (its registry key) and declares what it is; the models, train.py and the tests read these
     declarations rather than lists of names:
@@ -90,9 +90,10 @@ class Family(nn.Module):
         self.per_layer = False
         self.prefix_at_centre = False  # prefix tokens (cls) encoded at the tokens' centre, not left unturned
 
-    def encode(self, coords: Tensor, extrapolation: Extrapolation) -> Table:
-        """The table of tokens at ``coords ([B,] N, axes)`` under ``extrapolation``; per-sample coordinates (B, N, axes)
-        give tables with a head dim, ``(B, heads | 1, N, ...)``, so that they broadcast over attention's heads."""
+    def encode(self, coords: Tensor, scaling: Scaling, build: Build) -> Table:
+        """The table of tokens at ``coords ([B,] N, axes)`` under ``scaling``, built as ``build`` says; per-sample
+        coordinates (B, N, axes) give tables with a head dim, ``(B, heads | 1, N, ...)``, so that they broadcast over
+        attention's heads."""
         raise NotImplementedError
 
     def learned_shape(self, per_layer: bool, per_head: bool = True) -> tuple[int, ...]:
@@ -108,8 +109,12 @@ class Family(nn.Module):
                 setattr(self, name, nn.Parameter(p[:depth].detach().clone(), requires_grad=p.requires_grad))
         self.depth = depth
 
-    def temperature(self, extrapolation: Extrapolation) -> Tensor | None:
+    def temperature(self, scaling: Scaling) -> Tensor | None:
         """Per-pair factors that scale a table as it turns (YaRN's attention temperature), or None."""
+        return None
+
+    def rotating_pairs(self) -> Tensor | None:
+        """p-RoPE's ``(dim // 2,)`` bool mask of the channel pairs that turn, or None (all turn, or no pairs)."""
         return None
 
     def extra_repr(self) -> str:
@@ -134,9 +139,9 @@ class PairFamily(Family):
     section at ``theta``, which string, mixed and a gain on axial start from), so that which pairs turn never depends on
     training. Learned frequencies of the unturned pairs stay parameters but are masked out of the table (their
     gradient is zero). Unlike ``rotate_fraction``, which leaves channels unrotated by position in the layout, p picks
-    pairs by frequency. The pipeline applies it to whatever :meth:`encode` returns (:meth:`keep_rotating`, called by
-    :class:`~vit_rope.position_encoding.PositionEncoding`), so a family written elsewhere takes ``p`` too; p = 1
-    leaves the table as it is.
+    pairs by frequency. The pipeline hands the mask (:meth:`rotating_pairs`) to every table built from angles
+    (:meth:`~vit_rope.tables.RotaryTable.from_angles`), so a family written elsewhere takes ``p`` too; p = 1 turns every
+    pair.
     """
 
     default_theta: ClassVar[float] = 100.0
@@ -168,29 +173,38 @@ class PairFamily(Family):
         theta = self.default_theta if theta is None else theta
         if isinstance(theta, bool) or not isinstance(theta, int | float):
             raise ValueError(f"theta={theta!r} must be a number (axial RoPE's is 100 for ViTs, 10000 for LLMs)")
-        if not theta > 0:
+        if not (theta > 0 and math.isfinite(theta)):
             raise ValueError(
-                f"theta={theta} must be positive (axial RoPE's is 100 for ViTs, 10000 for language models)"
+                f"theta={theta} must be a positive finite number (axial RoPE's is 100 for ViTs, 10000 for language "
+                "models)"
             )
         if layout not in ("interleaved", "half"):
             raise ValueError(f"layout={layout!r}: choose 'interleaved' (pairs 2i, 2i+1) or 'half' (i, i + dim/2)")
         self.theta, self.layout = float(theta), layout
+        if axis_dims is None and rotate_fraction is None:
+            axis_dims = self.default_axis_dims(dim, axes)
         self.axis_dims = check_axis_dims(dim, axes, axis_dims, rotate_fraction)
+
+    @classmethod
+    def default_axis_dims(cls, dim: int, axes: int) -> tuple[int, ...] | None:
+        """The channels each axis turns when neither ``axis_dims`` nor ``rotate_fraction`` is given; None: equal even
+        sections (a family whose split differs, such as spiral's or VideoRoPE's, overrides this)."""
+        return None
 
     def sections(self) -> list[tuple[int, slice]]:
         """(axis, the pairs it turns) of each axis's section, in the family's ``grid_indexing`` order."""
-        return sections(self.axis_dims, last_first=self.grid_indexing == "xy")
+        return axis_sections(self.axis_dims, last_first=self.grid_indexing == "xy")
 
-    def frequency_matrix(self, extrapolation: Extrapolation | None = None) -> Tensor:
+    def frequency_matrix(self, scaling: Scaling | None = None) -> Tensor:
         """A fixed family's ``(axes, dim // 2)`` frequency matrix (learned families override ``encode`` instead)."""
         raise NotImplementedError
 
-    def encode(self, coords: Tensor, extrapolation: Extrapolation) -> RotaryTable:
-        """Each pair turns by ``coords · F[:, pair]`` under the frequency matrix F of this extrapolation."""
-        angles = coords @ self.frequency_matrix(extrapolation).to(coords)  # (..., N, P)
+    def encode(self, coords: Tensor, scaling: Scaling, build: Build) -> RotaryTable:
+        """Each pair turns by ``coords · F[:, pair]`` under the frequency matrix F of this scaling."""
+        angles = coords @ self.frequency_matrix(scaling).to(coords)  # (..., N, P)
         if coords.ndim == 3:  # per-sample positions (B, N, axes): a head dim to broadcast over
             angles = angles.unsqueeze(1)
-        return RotaryTable(angles.cos(), angles.sin(), layout=self.layout)
+        return RotaryTable.from_angles(angles, build, layout=self.layout)
 
     # ------------------------------------------------------------------------------------------------ p-RoPE
     def frequency_groups(self) -> list[Tensor]:
@@ -210,25 +224,19 @@ class PairFamily(Family):
             f[pairs] = self.theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
         return f
 
-    def rotating_pairs(self) -> Tensor:
+    def rotating_pairs(self) -> Tensor | None:
         """p-RoPE's ``(dim // 2,)`` bool mask of the pairs that turn: in each group the ``floor(p · n)`` pairs of the
-        highest frequencies (ties to the earlier pair); everything outside the groups is left as it is (True)."""
+        highest frequencies (ties to the earlier pair); everything outside the groups turns. None for p = 1."""
+        if self.p == 1.0:
+            return None
         if self._rotating is None:
-            keep = torch.ones(self.dim // 2, dtype=torch.bool)
-            if self.p < 1.0:
-                f = self.pair_frequencies()
-                for group in self.frequency_groups():
-                    order = torch.sort(-f[group], stable=True).indices  # highest first, ties in pair order
-                    keep[group[order[math.floor(self.p * len(group)) :]]] = False
-            self._rotating = keep
+            turning = torch.ones(self.dim // 2, dtype=torch.bool)
+            f = self.pair_frequencies()
+            for group in self.frequency_groups():
+                order = torch.sort(-f[group], stable=True).indices  # highest first, ties in pair order
+                turning[group[order[math.floor(self.p * len(group)) :]]] = False
+            self._rotating = turning
         return self._rotating
-
-    def keep_rotating(self, table: Table) -> Table:
-        """The table with p-RoPE's unturned pairs set to the identity (cos 1, sin 0); as it is for p = 1."""
-        if self.p == 1.0 or not isinstance(table, RotaryTable) or table.cos is None:
-            return table
-        keep = self.rotating_pairs().to(table.cos.device)
-        return table.replace(cos=torch.where(keep, table.cos, 1.0), sin=torch.where(keep, table.sin, 0.0))
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, axis_dims={self.axis_dims}, theta={self.theta}, layout={self.layout}, " + (
@@ -236,7 +244,7 @@ class PairFamily(Family):
         )
 
 
-def sections(axis_dims: Sequence[int], start: int = 0, last_first: bool = True) -> list[tuple[int, slice]]:
+def axis_sections(axis_dims: Sequence[int], start: int = 0, last_first: bool = True) -> list[tuple[int, slice]]:
     """(axis, the pairs it turns) of each axis's section, laid out from the last grid axis to the first (2D: x then
     y; ``last_first=False``: the other way), from pair ``start`` on."""
     out = []
@@ -246,7 +254,7 @@ def sections(axis_dims: Sequence[int], start: int = 0, last_first: bool = True) 
     return out
 
 
-def default_axis_dims(dim: int, axes: int, rotate_fraction: float = 1.0) -> tuple[int, ...]:
+def equal_axis_dims(dim: int, axes: int, rotate_fraction: float = 1.0) -> tuple[int, ...]:
     """Equal even sections, one per axis; the remainder stays unrotated (64 over 3 axes → 20/20/20 + 4, V-JEPA 2)."""
     per_axis = 2 * ((int(dim * rotate_fraction) // axes) // 2)
     return (per_axis,) * axes
@@ -255,14 +263,14 @@ def default_axis_dims(dim: int, axes: int, rotate_fraction: float = 1.0) -> tupl
 def check_axis_dims(
     dim: int, axes: int, axis_dims: Sequence[int] | None, rotate_fraction: float | None
 ) -> tuple[int, ...]:
-    """The channels each axis turns: ``axis_dims`` checked, or the default split of ``rotate_fraction`` of dim."""
+    """The channels each axis turns: ``axis_dims`` checked, or the equal split of ``rotate_fraction`` of dim."""
     if axis_dims is not None and rotate_fraction not in (None, 1.0):
         raise ValueError("give either axis_dims or rotate_fraction, not both")
     if axis_dims is None:
-        fraction = 1.0 if rotate_fraction is None else float(rotate_fraction)
-        if not 0.0 < fraction <= 1.0:
-            raise ValueError(f"rotate_fraction={rotate_fraction} must be in (0, 1]")
-        dims = default_axis_dims(dim, axes, fraction)
+        fraction = 1.0 if rotate_fraction is None else rotate_fraction
+        if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0.0 < fraction <= 1.0:
+            raise ValueError(f"rotate_fraction={rotate_fraction!r} must be a number in (0, 1]")
+        dims = equal_axis_dims(dim, axes, fraction)
         if dims[0] == 0:
             raise ValueError(
                 f"dim={dim} (rotate_fraction={fraction}) cannot be split into even sections for {axes} axes; use a "
@@ -275,14 +283,9 @@ def check_axis_dims(
     if any(d <= 0 or d % 2 for d in dims) or sum(dims) > dim:
         raise ValueError(
             f"axis_dims={dims} cannot split dim={dim}: each section must be even and positive, and together at most "
-            f"dim (e.g. axis_dims={default_axis_dims(dim, axes)})"
+            f"dim (e.g. axis_dims={equal_axis_dims(dim, axes)})"
         )
     return dims
-
-
-def at_least_float32(t: Tensor) -> Tensor:
-    """Learned parameters enter tables in float32 at least, under autocast too (bf16 angles drift, timm PR #2089)."""
-    return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
 def head_angles(coords: Tensor, F: Tensor) -> Tensor:

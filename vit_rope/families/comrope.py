@@ -20,20 +20,22 @@ not apply.
 Each block's skew matrix is split once a step into ``B = Q Λ Qᵀ`` (``Λ`` 2×2 rotation generators ``λ_k``), so that
 ``exp(t B) = Q R(t λ) Qᵀ``: the table turns channel pairs by ``t_j(p) λ_k`` inside the basis ``Q``, which attention
 folds into its q and k projections (as Cayley-STRING's). One eigendecomposition a block instead of one exponential a
-token and block: a ViT-S train step at 0.96x axial RoPE's, not 0.46x (224², batch 16, 2 CPU cores;
-``bench/throughput.py --families comrope_ld``), exact up to float64 round-off (the split runs in float64, its
-eigenvectors' phases fixed so that the gradient is defined; blocks with eigenvalues within 1e-9 of each other take
-the plain exponentials instead, and so do ``torch.export`` and the meta device, which take no branch on data).
+token and block, which brings ComRoPE to axial RoPE's speed (docs/speed.md), exact up to float64 round-off (the split
+runs in float64, its eigenvectors' phases fixed so that the gradient is defined; blocks with eigenvalues within 1e-9
+of each other take the plain exponentials instead, and so do ``torch.export`` and the meta device, which take no
+branch on data).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor, nn
 
 from ..tables import RotaryTable
 from . import register_family
-from .base import Extrapolation, Family, at_least_float32, head_angles
+from .base import Build, Family, Scaling, head_angles
 
 __all__ = ["ComRoPEAP", "ComRoPELD", "block_diagonal", "spectral_split"]
 
@@ -85,8 +87,8 @@ class _ComRoPE(Family):
         if block_size < 2 or block_size % 2 or dim % block_size:
             raise ValueError(f"block_size={block_size} must be even and divide dim={dim} (the paper uses 8)")
         self.prefix_at_centre = bool(cls_at_centre)
-        if not init_std > 0:
-            raise ValueError(f"init_std={init_std} must be positive")
+        if not (init_std > 0 and math.isfinite(init_std)):
+            raise ValueError(f"init_std={init_std} must be positive and finite")
         self.block_size, self.num_blocks = block_size, dim // block_size
         self.lead = self.learned_shape(per_layer)
         std = init_std / max(self.ref_grid) if self.ref_grid else init_std
@@ -96,21 +98,21 @@ class _ComRoPE(Family):
         """The scalar ``t_j`` of every token and block: ``([B,] [layer,] heads | 1.., N, blocks)``."""
         raise NotImplementedError
 
-    def encode(self, coords: Tensor, extrapolation: Extrapolation) -> RotaryTable:
-        P = at_least_float32(self.generators)
+    def encode(self, coords: Tensor, scaling: Scaling, build: Build) -> RotaryTable:
+        P = build.precise(self.generators)
         B = P - P.mT  # ([layer,] heads, blocks, b, b)
         t = self.turns(coords.to(P.dtype))  # ([B,] [layer,] heads | 1, N, blocks)
-        # torch.export, jit tracing and the meta device take no branch on data (the split's eigenvalue check): the
-        # plain exponentials
-        plain = torch.compiler.is_exporting() or torch.jit.is_tracing() or B.is_meta
+        # torch.export and the meta device take no branch on data (the split's eigenvalue check): the plain
+        # exponentials
+        plain = torch.compiler.is_exporting() or B.is_meta
         split = None if plain else spectral_split(B)
         if split is None:  # near-equal eigenvalues: the plain exponentials, one a token and block
-            blocks = torch.linalg.matrix_exp(t[..., None, None] * B.unsqueeze(-4))  # (..., N, blocks, b, b)
-            return RotaryTable(blocks=blocks, per_layer=self.per_layer)
+            generators = t[..., None, None] * B.unsqueeze(-4)  # (..., N, blocks, b, b)
+            return RotaryTable.from_generators(generators, build, per_layer=self.per_layer)
         Q, lam = split  # (..., blocks, b, b), (..., blocks, b / 2)
         angles = (t[..., None] * lam.unsqueeze(-3)).flatten(-2)  # (..., N, blocks · b / 2): pair k of block j
         basis = block_diagonal(Q.mT)  # Qᵀ of every block: ([layer,] heads, dim, dim)
-        return RotaryTable(angles.cos(), angles.sin(), basis=basis, per_layer=self.per_layer)
+        return RotaryTable.from_angles(angles, build, basis=basis, per_layer=self.per_layer)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, block_size={self.block_size}, cls_at_centre={self.prefix_at_centre}"

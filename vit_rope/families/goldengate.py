@@ -34,10 +34,10 @@ import math
 import torch
 from torch import Tensor
 
-from ..tables import RotaryTable
+from ..tables import Build, RotaryTable
 from . import register_family
 from .axial import frequency_ladder, yarn_temperature
-from .base import Extrapolation, PairFamily, head_angles
+from .base import PairFamily, Scaling, head_angles
 
 __all__ = ["GOLDEN_STEP", "GoldenGate", "generalized_golden_ratio", "golden_directions"]
 
@@ -100,34 +100,34 @@ class GoldenGate(PairFamily):
             u = u.flip(-1)  # (x, y) → grid order (row = y, col = x)
         return u.view(self.num_heads, self.pairs, self.axes)
 
-    def ladder(self, extrapolation: Extrapolation | None = None) -> Tensor:
+    def ladder(self, scaling: Scaling | None = None) -> Tensor:
         """The P frequencies ``ω_i``, ascending (float64): axial RoPE's 1D ladder of P pairs reversed, under NTK or
         YaRN at the largest scale of the axes."""
-        ext = extrapolation or Extrapolation("none", (1.0,) * self.axes)
+        ext = scaling or Scaling("none", (1.0,) * self.axes)
         length = max(ext.ref_grid) if ext.ref_grid else 0.0
         ladder = frequency_ladder(2 * self.pairs, self.theta, ext.mode, max(ext.scales), length, self.yarn_beta)
         return ladder.flip(0)
 
-    def frequency_matrix(self, extrapolation: Extrapolation | None = None) -> Tensor:
+    def frequency_matrix(self, scaling: Scaling | None = None) -> Tensor:
         """The ``(heads, axes, dim // 2)`` float64 frequency matrix ``ω_i · u_i`` (zero for the unturned pairs)."""
         F = torch.zeros(self.num_heads, self.axes, self.dim // 2, dtype=torch.float64)
-        F[..., : self.pairs] = (self.directions() * self.ladder(extrapolation)[:, None]).mT
+        F[..., : self.pairs] = (self.directions() * self.ladder(scaling)[:, None]).mT
         return F
 
-    def encode(self, coords: Tensor, extrapolation: Extrapolation) -> RotaryTable:
+    def encode(self, coords: Tensor, scaling: Scaling, build: Build) -> RotaryTable:
         """Pair i of head h turns by ``coords · F[h, :, i]``."""
-        angles = head_angles(coords, self.frequency_matrix(extrapolation).to(coords))  # ([B,] heads, N, P)
-        return RotaryTable(angles.cos(), angles.sin(), layout=self.layout)
+        angles = head_angles(coords, self.frequency_matrix(scaling).to(coords))  # ([B,] heads, N, P)
+        return RotaryTable.from_angles(angles, build, layout=self.layout)
 
     def frequency_groups(self) -> list[Tensor]:
         """One ladder for p-RoPE to cut: every pair mixes every axis."""
         return [torch.arange(self.pairs)]
 
-    def temperature(self, extrapolation: Extrapolation) -> Tensor | None:
-        if extrapolation.mode != "yarn" or max(extrapolation.scales) <= 1:
+    def temperature(self, scaling: Scaling) -> Tensor | None:
+        if scaling.mode != "yarn" or max(scaling.scales) <= 1:
             return None
         m = torch.ones(self.dim // 2, dtype=torch.float64)
-        m[: self.pairs] = yarn_temperature(max(extrapolation.scales))
+        m[: self.pairs] = yarn_temperature(max(scaling.scales))
         return m
 
     def extra_repr(self) -> str:

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from ..tables import RotaryTable
 from . import register_family
-from .base import Extrapolation, Family, at_least_float32, head_angles
+from .base import Build, Family, Scaling, head_angles
 
 __all__ = ["LieRE"]
 
@@ -53,11 +53,11 @@ class LieRE(Family):
         raw = torch.rand(*lead, axes, self.num_blocks, block_size, block_size) * 2 * math.pi / max(side - 1, 1)
         self.generators = nn.Parameter(raw)
 
-    def encode(self, coords: Tensor, extrapolation: Extrapolation) -> RotaryTable:
-        U = at_least_float32(self.generators).triu(1)
+    def encode(self, coords: Tensor, scaling: Scaling, build: Build) -> RotaryTable:
+        U = build.precise(self.generators).triu(1)
         A = (U - U.mT).flatten(-3)  # ([layer,] heads | 1, axes, blocks · b · b)
         M = head_angles(coords.to(A.dtype), A).unflatten(-1, U.shape[-3:])  # Σ_a p_a A_a: (..., N, blocks, b, b)
-        return RotaryTable(blocks=torch.linalg.matrix_exp(M), per_layer=self.per_layer)
+        return RotaryTable.from_generators(M, build, per_layer=self.per_layer)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, block_size={self.block_size}"

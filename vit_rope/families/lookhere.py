@@ -19,12 +19,14 @@ resolution).
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
-from ..tables import AttentionBias
+from ..tables import AttentionBias, Build
 from . import register_family
-from .base import Extrapolation, Family
+from .base import Family, Scaling
 
 __all__ = ["LookHere", "head_slopes"]
 
@@ -61,8 +63,12 @@ class LookHere(Family):
         super().__init__(dim, axes, **common)
         if fov not in WEDGES:
             raise ValueError(f"fov={fov}: choose 180, 90 or 45 (LH-180, LH-90, LH-45)")
-        if isinstance(global_slope, bool) or not isinstance(global_slope, int | float) or not global_slope > 0:
-            raise ValueError(f"global_slope={global_slope!r} must be a positive number")
+        if (
+            isinstance(global_slope, bool)
+            or not isinstance(global_slope, int | float)
+            or not 0 < global_slope < math.inf
+        ):
+            raise ValueError(f"global_slope={global_slope!r} must be a positive finite number")
         self.fov, self.global_slope = fov, float(global_slope)
         undirected = max(1, self.num_heads // 3)
         self.directed = self.num_heads - undirected
@@ -71,17 +77,14 @@ class LookHere(Family):
         layers = self.depth or 1
         self.layer_slopes = [1.5 - i / max(layers - 1, 1) for i in range(layers)] if self.per_layer else [1.0]
 
-    def encode(self, coords: Tensor, extrapolation: Extrapolation) -> AttentionBias:
+    def encode(self, coords: Tensor, scaling: Scaling, build: Build) -> AttentionBias:
         xy = torch.stack((coords[..., 1], -coords[..., 0]), dim=-1)  # (row, col) → (x right, y up)
         wedges = [WEDGES[self.fov][h % 8] for h in range(self.num_heads)]
         rays = torch.tensor([[RAYS[a], RAYS[b]] for a, b in wedges], device=coords.device)  # (heads, 2, 2)
         directed = torch.arange(self.num_heads, device=coords.device) < self.directed
         slopes = coords.new_tensor(self.head_slopes) * self.global_slope
         scale = coords.new_tensor(self.layer_slopes) if self.per_layer else None
-        bias = AttentionBias(xy, slopes, rays, directed, per_layer=self.per_layer, layer_scale=scale)
-        # a grid whose (heads, N, N) bias fits in one block of attention's keeps it built, once per grid
-        small = self.num_heads * xy.shape[-2] ** 2 * 4 <= bias.block_bytes
-        return bias.densified() if small else bias
+        return AttentionBias.build(xy, slopes, rays, directed, build, layer_scale=scale)
 
     def prune_layers(self, depth: int) -> None:
         self.layer_slopes, self.depth = self.layer_slopes[:depth], depth

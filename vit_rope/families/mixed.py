@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from ..tables import RotaryTable
 from . import register_family
-from .base import Extrapolation, PairFamily, at_least_float32, head_angles
+from .base import Build, PairFamily, Scaling, head_angles
 
 __all__ = ["Mixed", "mixed_frequency_init"]
 
@@ -66,8 +66,8 @@ class Mixed(PairFamily):
         depth = self.depth if len(self.learned_shape(per_layer)) == 2 else None
         self.frequencies = nn.Parameter(mixed_frequency_init(self.axis_dims, self.num_heads, self.theta, depth))
 
-    def encode(self, coords: Tensor, extrapolation: Extrapolation) -> RotaryTable:
-        frequencies = at_least_float32(self.frequencies)  # unrotated pairs: frequency 0
-        F = nn.functional.pad(frequencies, (0, self.dim // 2 - frequencies.shape[-1]))
-        angles = head_angles(coords.to(F.dtype), F)  # ([B,] [layer,] heads, N, P); unrotated pairs have frequency 0
-        return RotaryTable(angles.cos(), angles.sin(), layout=self.layout, per_layer=self.per_layer)
+    def encode(self, coords: Tensor, scaling: Scaling, build: Build) -> RotaryTable:
+        frequencies = build.precise(self.frequencies)
+        F = nn.functional.pad(frequencies, (0, self.dim // 2 - frequencies.shape[-1]))  # unrotated pairs: frequency 0
+        angles = head_angles(coords.to(F.dtype), F)  # ([B,] [layer,] heads, N, P)
+        return RotaryTable.from_angles(angles, build, layout=self.layout, per_layer=self.per_layer)

@@ -43,9 +43,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..tables import ParabolicBias
+from ..tables import Build, ParabolicBias
 from . import register_family
-from .base import Extrapolation, Family, at_least_float32
+from .base import Family, Scaling
 
 __all__ = ["PaPE"]
 
@@ -71,10 +71,10 @@ class PaPE(Family):
         self.curvature = nn.Parameter(uniform(*lead, dim, parabolas, bound=dim**-0.5))
         self.slope = nn.Parameter(uniform(*lead, dim, parabolas, bound=dim**-0.5))
 
-    def encode(self, coords: Tensor, extrapolation: Extrapolation) -> ParabolicBias:
+    def encode(self, coords: Tensor, scaling: Scaling, build: Build) -> ParabolicBias:
         centred = coords - coords.mean(dim=-2, keepdim=True)
-        learned = (at_least_float32(p) for p in (self.directions, self.curvature, self.slope))
-        return ParabolicBias(centred, *learned, per_layer=self.per_layer)
+        learned = (build.precise(p) for p in (self.directions, self.curvature, self.slope))
+        return ParabolicBias.build(centred, *learned, build, per_layer=self.per_layer)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, parabolas={self.parabolas}"

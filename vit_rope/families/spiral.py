@@ -16,29 +16,15 @@ of its two). By default as many directions as fit, from 4 up to 8.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
 from . import register_family
 from .axial import frequency_ladder, yarn_temperature
-from .base import Extrapolation, PairFamily, sections
+from .base import PairFamily, Scaling, axis_sections
 
-__all__ = ["Spiral", "default_axis_dims", "direction_frequencies"]
-
-
-def default_axis_dims(dim: int, axes: int) -> tuple[int, ...]:
-    """The plane (the last two axes) gets the most channels that are a multiple of 8 (so that directions fit) after a
-    quarter for each leading (time) axis, which then share the rest (64 → 16/24/24 in 3D, as M-RoPE; 48 → 16/16/16);
-    channels left over stay unrotated. An equal split would leave the plane room for two directions alone, axial
-    RoPE."""
-    time = 2 * ((dim // 4) // 2) if axes > 2 else 0
-    plane = 8 * ((dim - (axes - 2) * time) // 8)
-    if plane < 8:
-        raise ValueError(f"dim={dim} leaves the image plane fewer than 8 channels: spiral RoPE needs a head dim of 16+")
-    leading = 2 * (((dim - plane) // (axes - 2)) // 2) if axes > 2 else 0
-    return (leading,) * (axes - 2) + (plane // 2,) * 2
+__all__ = ["Spiral", "direction_frequencies"]
 
 
 def direction_frequencies(plane_dims: int, directions: int, ladder: Tensor) -> Tensor:
@@ -65,13 +51,10 @@ class Spiral(PairFamily):
         axes: int,
         *,
         directions: int | None = None,
-        axis_dims: Sequence[int] | None = None,
         yarn_beta: tuple[float, float] = (32.0, 1.0),
         **kwargs,
     ) -> None:
-        if axis_dims is None and kwargs.get("rotate_fraction") is None:
-            axis_dims = default_axis_dims(dim, axes)
-        super().__init__(dim, axes, axis_dims=axis_dims, **kwargs)
+        super().__init__(dim, axes, **kwargs)
         if self.grid_indexing != "xy":
             raise ValueError("spiral RoPE lays out the plane's directions first: grid_indexing='ij' means nothing here")
         self.yarn_beta = tuple(yarn_beta)
@@ -89,10 +72,25 @@ class Spiral(PairFamily):
             )
         self.directions = directions
 
-    def frequency_matrix(self, extrapolation: Extrapolation | None = None) -> Tensor:
+    @classmethod
+    def default_axis_dims(cls, dim: int, axes: int) -> tuple[int, ...]:
+        """The plane (the last two axes) gets the most channels that are a multiple of 8 (so that directions fit)
+        after a quarter for each leading (time) axis, which then share the rest (64 → 16/24/24 in 3D, as M-RoPE;
+        48 → 16/16/16); channels left over stay unrotated. An equal split would leave the plane room for two
+        directions alone, axial RoPE."""
+        time = 2 * ((dim // 4) // 2) if axes > 2 else 0
+        plane = 8 * ((dim - (axes - 2) * time) // 8)
+        if plane < 8:
+            raise ValueError(
+                f"dim={dim} leaves the image plane fewer than 8 channels: spiral RoPE needs a head dim of 16+"
+            )
+        leading = 2 * (((dim - plane) // (axes - 2)) // 2) if axes > 2 else 0
+        return (leading,) * (axes - 2) + (plane // 2,) * 2
+
+    def frequency_matrix(self, scaling: Scaling | None = None) -> Tensor:
         """The ``(axes, dim // 2)`` float64 frequency matrix: the plane's direction groups first, then one axial
         section per leading axis (from the last to the first, as axial RoPE lays them out)."""
-        ext = extrapolation or Extrapolation("none", (1.0,) * self.axes)
+        ext = scaling or Scaling("none", (1.0,) * self.axes)
         F = torch.zeros(self.axes, self.dim // 2, dtype=torch.float64)
         plane = slice(0, self.plane_dims // 2)
         length = max(ext.ref_grid[-2:]) if ext.ref_grid else 0.0
@@ -103,7 +101,7 @@ class Spiral(PairFamily):
         angle = torch.arange(self.directions, dtype=torch.float64) * math.pi / self.directions
         F[-1, plane] = (angle.cos()[:, None] * freqs).flatten()  # u_k's x component turns with the column
         F[-2, plane] = (angle.sin()[:, None] * freqs).flatten()  # its y component with the row
-        for axis, pairs in sections(self.axis_dims[:-2], start=plane.stop):
+        for axis, pairs in axis_sections(self.axis_dims[:-2], start=plane.stop):
             length = ext.ref_grid[axis] if ext.ref_grid else 0.0
             F[axis, pairs] = frequency_ladder(
                 self.axis_dims[axis], self.theta, ext.mode, ext.scales[axis], length, self.yarn_beta
@@ -113,19 +111,21 @@ class Spiral(PairFamily):
     def frequency_groups(self) -> list[Tensor]:
         """p-RoPE cuts the plane's ladder as one (its pairs mix both axes) and each leading axis's section alone."""
         plane = torch.arange(self.plane_dims // 2)
-        return [plane] + [torch.arange(p.start, p.stop) for _, p in sections(self.axis_dims[:-2], start=len(plane))]
+        return [plane] + [
+            torch.arange(p.start, p.stop) for _, p in axis_sections(self.axis_dims[:-2], start=len(plane))
+        ]
 
-    def plane_scale(self, extrapolation: Extrapolation) -> float:
+    def plane_scale(self, scaling: Scaling) -> float:
         """One scale factor for the plane (directions mix its axes): the larger of its two."""
-        return max(extrapolation.scales[-2:])
+        return max(scaling.scales[-2:])
 
-    def temperature(self, extrapolation: Extrapolation) -> Tensor | None:
-        if extrapolation.mode != "yarn" or max(extrapolation.scales) <= 1:
+    def temperature(self, scaling: Scaling) -> Tensor | None:
+        if scaling.mode != "yarn" or max(scaling.scales) <= 1:
             return None
         m = torch.ones(self.dim // 2, dtype=torch.float64)
-        m[: self.plane_dims // 2] = yarn_temperature(self.plane_scale(extrapolation))
-        for axis, pairs in sections(self.axis_dims[:-2], start=self.plane_dims // 2):
-            m[pairs] = yarn_temperature(extrapolation.scales[axis])
+        m[: self.plane_dims // 2] = yarn_temperature(self.plane_scale(scaling))
+        for axis, pairs in axis_sections(self.axis_dims[:-2], start=self.plane_dims // 2):
+            m[pairs] = yarn_temperature(scaling.scales[axis])
         return m
 
     def extra_repr(self) -> str:

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from ..tables import RotaryTable
 from . import register_family
 from .axial import frequency_ladder
-from .base import Extrapolation, PairFamily, at_least_float32, head_angles
+from .base import Build, PairFamily, Scaling, head_angles
 
 __all__ = ["CayleyString", "cayley"]
 
@@ -48,13 +48,14 @@ class CayleyString(PairFamily):
         self.frequencies = nn.Parameter(ladder.float().expand(*lead, -1).clone())  # ([layer,] heads, dim // 2)
         self.skew = nn.Parameter(torch.zeros(*lead, dim, dim))  # S = A - Aᵀ
 
-    def basis(self) -> Tensor:
-        """P per ([layer,] head): ``([layer,] heads, dim, dim)``, in float32 at least."""
-        A = at_least_float32(self.skew)
+    def basis(self, build: Build = Build()) -> Tensor:  # noqa: B008 (a frozen value)
+        """P per ([layer,] head): ``([layer,] heads, dim, dim)``, in the table's precision."""
+        A = build.precise(self.skew)
         return cayley(A - A.mT)
 
-    def encode(self, coords: Tensor, extrapolation: Extrapolation) -> RotaryTable:
-        f = at_least_float32(self.frequencies)
+    def encode(self, coords: Tensor, scaling: Scaling, build: Build) -> RotaryTable:
+        f = build.precise(self.frequencies)
         F = f.unsqueeze(-2) * self.axis_of_pair.to(f)  # ([layer,] heads, axes, dim // 2)
         angles = head_angles(coords.to(f.dtype), F)  # ([B,] [layer,] heads, N, dim // 2)
-        return RotaryTable(angles.cos(), angles.sin(), layout=self.layout, basis=self.basis(), per_layer=self.per_layer)
+        basis = self.basis(build)
+        return RotaryTable.from_angles(angles, build, layout=self.layout, basis=basis, per_layer=self.per_layer)

@@ -30,27 +30,17 @@ has no per-axis ladder for NTK or YaRN to rescale.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
 
 import torch
 from torch import Tensor
 
-from ..tables import RotaryTable
+from ..tables import Build, RotaryTable
 from . import register_family
 from .axial import frequency_ladder
-from .base import Extrapolation, PairFamily
+from .base import PairFamily, Scaling
 
-__all__ = ["VideoRoPE", "default_axis_dims", "diagonal_coordinates"]
-
-
-def default_axis_dims(dim: int) -> tuple[int, int, int]:
-    """(t, h, w) channels: h and w an equal even share of three quarters of the pairs, time the rest (at least a
-    quarter): 128 → 32/48/48 (Qwen2-VL's 16/24/24 pairs), 64 → 16/24/24, 32 → 8/12/12, 24 → 8/8/8."""
-    pairs = dim // 2
-    spatial = 2 * ((3 * pairs) // 8)  # pairs of h and w together, even: they alternate
-    if spatial < 2 or pairs - spatial < 1:
-        raise ValueError(f"dim={dim} is too small for VideoRoPE: it needs a head dim of 8 or more")
-    return (2 * (pairs - spatial), spatial, spatial)
+__all__ = ["VideoRoPE", "diagonal_coordinates"]
 
 
 def diagonal_coordinates(coords: Tensor, temporal_spacing: float, diagonal: bool = True) -> Tensor:
@@ -78,26 +68,35 @@ class VideoRoPE(PairFamily):
         *,
         temporal_spacing: float = 2.0,
         diagonal: bool = True,
-        axis_dims: Sequence[int] | None = None,
         **kwargs,
     ) -> None:
-        if axis_dims is None and kwargs.get("rotate_fraction") is None:
-            axis_dims = default_axis_dims(dim)
-        super().__init__(dim, axes, axis_dims=axis_dims, **kwargs)
+        super().__init__(dim, axes, **kwargs)
         if self.grid_indexing != "xy":
             raise ValueError("VideoRoPE lays out h and w interleaved, then t: grid_indexing='ij' means nothing here")
         if self.axis_dims[1] != self.axis_dims[2]:
             raise ValueError(
                 f"axis_dims={self.axis_dims}: VideoRoPE interleaves h and w pair by pair, so they need equal channels "
-                f"(e.g. axis_dims={default_axis_dims(dim)})"
+                f"(e.g. axis_dims={self.default_axis_dims(dim)})"
             )
         if isinstance(temporal_spacing, bool) or not isinstance(temporal_spacing, int | float):
             raise ValueError(f"temporal_spacing={temporal_spacing!r} must be a number (the paper's δ; its code uses 2)")
-        if not temporal_spacing > 0:
-            raise ValueError(f"temporal_spacing={temporal_spacing} must be positive (the paper's δ; its code uses 2)")
+        if not (temporal_spacing > 0 and math.isfinite(temporal_spacing)):
+            raise ValueError(
+                f"temporal_spacing={temporal_spacing} must be positive and finite (the paper's δ; its code uses 2)"
+            )
         self.temporal_spacing, self.diagonal = float(temporal_spacing), bool(diagonal)
 
-    def frequency_matrix(self, extrapolation: Extrapolation | None = None) -> Tensor:
+    @classmethod
+    def default_axis_dims(cls, dim: int, axes: int = 3) -> tuple[int, int, int]:
+        """(t, h, w) channels: h and w an equal even share of three quarters of the pairs, time the rest (at least a
+        quarter): 128 → 32/48/48 (Qwen2-VL's 16/24/24 pairs), 64 → 16/24/24, 32 → 8/12/12, 24 → 8/8/8."""
+        pairs = dim // 2
+        spatial = 2 * ((3 * pairs) // 8)  # pairs of h and w together, even: they alternate
+        if spatial < 2 or pairs - spatial < 1:
+            raise ValueError(f"dim={dim} is too small for VideoRoPE: it needs a head dim of 8 or more")
+        return (2 * (pairs - spatial), spatial, spatial)
+
+    def frequency_matrix(self, scaling: Scaling | None = None) -> Tensor:
         """The ``(3, dim // 2)`` float64 frequency matrix over (t, h, w): one ladder over the rotated pairs, the
         spatial pairs first (even: h, odd: w), time's last (the lowest); unrotated pairs (if any) zero."""
         spatial, time = (self.axis_dims[1] + self.axis_dims[2]) // 2, self.axis_dims[0] // 2  # pairs of h and w; of t
@@ -108,8 +107,8 @@ class VideoRoPE(PairFamily):
         F[0, spatial : spatial + time] = ladder[spatial:]
         return F
 
-    def encode(self, coords: Tensor, extrapolation: Extrapolation) -> RotaryTable:
-        return super().encode(diagonal_coordinates(coords, self.temporal_spacing, self.diagonal), extrapolation)
+    def encode(self, coords: Tensor, scaling: Scaling, build: Build) -> RotaryTable:
+        return super().encode(diagonal_coordinates(coords, self.temporal_spacing, self.diagonal), scaling, build)
 
     def frequency_groups(self) -> list[Tensor]:
         """p-RoPE cuts each axis's pairs on their own (t, h and w each keep the fraction p of their frequencies): the
