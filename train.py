@@ -1,7 +1,7 @@
 """Train image/video classifiers with different position embeddings under one recipe, then evaluate each at
 resolutions it never saw: the APE-vs-RoPE comparison.
 
-    python train.py                                   # configs/default.yaml: offline, 2-core CPU, ~12 min
+    python train.py                                   # configs/default.yaml: offline, 2-core CPU, ~10 min
     python train.py --config configs/cifar10.yaml     # any config key is also a flag: --epochs 3 --lr 1e-3 ...
     python train.py --config configs/resolution_fashion.yaml   # 8 encodings x 2 recipes x 3 seeds, 90 min on 2 cores
     torchrun --nproc_per_node 8 train.py --config configs/imagenet_deit3_s.yaml --data-dir /data/imagenet

@@ -1,5 +1,5 @@
 """`python -m vit_rope`: a short tour of the position encodings — what a table holds, that attention stays relative
-under every commuting family, and how the extrapolation modes change the angles."""
+under every commuting family, and how the scaling modes change the angles."""
 
 import torch
 

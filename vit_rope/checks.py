@@ -52,12 +52,17 @@ def check_global_pool(global_pool: str, class_token: bool) -> None:
         raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg' without one")
 
 
-def check_sizes(embed_dim: int, depth: int, num_heads: int, mlp_ratio: float, reg_tokens: int) -> None:
+def check_sizes(
+    embed_dim: int, depth: int, num_heads: int, mlp_ratio: float, reg_tokens: int, patch_size=16, in_chans: int = 3
+) -> None:
     """Model sizes out of range: one clear error naming the argument."""
+    patch = tuple(patch_size) if isinstance(patch_size, tuple | list) else (patch_size,)
     for name, value, low in (("embed_dim", embed_dim, 1), ("depth", depth, 1), ("num_heads", num_heads, 1),
-                             ("reg_tokens", reg_tokens, 0)):  # fmt: skip
-        if not isinstance(value, int) or value < low:
-            raise ValueError(f"{name}={value!r} must be an integer of at least {low}")
+                             ("reg_tokens", reg_tokens, 0), ("in_chans", in_chans, 1),
+                             *(("patch_size", p, 1) for p in patch)):  # fmt: skip
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            shown = patch_size if name == "patch_size" else value
+            raise ValueError(f"{name}={shown!r} must be an integer of at least {low}")
     if not mlp_ratio > 0:
         raise ValueError(f"mlp_ratio={mlp_ratio} must be positive")
     if embed_dim % num_heads:

@@ -2,8 +2,8 @@
 
 A grid of ``(n_0, n_1, ...)`` patches gives row-major coordinates ``(N, axes)`` in grid axis order (2D: (row, col)),
 as integer patch indices or as patch centres normalised to [-1, 1] per axis (DINOv3, Siméoni et al. 2025). The
-coordinate-level extrapolation modes live here and so apply to every family; the frequency-level ones (NTK, YaRN)
-belong to the families with a fixed frequency ladder:
+coordinate-level scaling (extrapolation) modes live here and so apply to every family; the frequency-level ones
+(NTK, YaRN) belong to the families with a fixed frequency ladder:
 
 * ``"pi"``: position interpolation (Chen et al. 2023): coordinates / s, per axis ``s = max(n / n_ref, 1)`` (FiT,
   Lu et al. 2024, arXiv 2402.12376) or a given scale;
@@ -23,7 +23,7 @@ from torch import Tensor
 
 __all__ = ["COORDINATE_MODES", "augment", "grid_coordinates", "scale_factors", "scaled_coordinates"]
 
-COORDINATE_MODES = ("none", "pi", "normalized")  # extrapolation modes that act on coordinates: every family has them
+COORDINATE_MODES = ("none", "pi", "normalized")  # scaling modes that act on coordinates: every family has them
 
 
 def grid_coordinates(grid: Sequence[int], normalized: bool = False, device=None, dtype=torch.float64) -> Tensor:
@@ -49,7 +49,7 @@ def scale_factors(
 def scaled_coordinates(
     coords: Tensor, mode: str, scales: Sequence[float], grid: Sequence[int] | None, ref_grid: Sequence[int] | None
 ) -> Tensor:
-    """Index coordinates under a coordinate-level extrapolation mode (other modes pass them through)."""
+    """Index coordinates under a coordinate-level scaling mode (other modes pass them through)."""
     if mode == "pi":
         return coords / coords.new_tensor(scales)
     if mode == "normalized" and grid is not None:

@@ -50,10 +50,10 @@ class PositionEncoding(nn.Module):
         num_prefix_tokens: leading tokens (cls, registers) that stay unrotated (and unbiased).
         coords: ``"index"`` (integer patch indices) or ``"normalized"`` (patch centres in [-1, 1] per axis, times 2π
             as in DINOv3, so coordinates do not depend on the resolution).
-        scaling: extrapolation mode for grids other than ``ref_grid``, one of the family's ``scaling_modes``:
-            ``"none"``, ``"pi"`` (coordinates / s), ``"normalized"`` (any grid mapped onto the extent of ``ref_grid``),
-            and for fixed ladders ``"ntk"`` (``theta · s ** (d / (d - 2))`` per section of d channels) and
-            ``"yarn"`` (a ramp between interpolated and kept frequencies, and the attention temperature).
+        scaling: the scaling (extrapolation) mode for grids other than ``ref_grid``, one of the family's
+            ``scaling_modes``: ``"none"``, ``"pi"`` (coordinates / s), ``"normalized"`` (any grid mapped onto the
+            extent of ``ref_grid``), and for fixed ladders ``"ntk"`` (``theta · s ** (d / (d - 2))`` per section of d
+            channels) and ``"yarn"`` (a ramp between interpolated and kept frequencies, and the attention temperature).
         scale: s, a scalar or one per axis; ``None`` derives it per axis from the grid: ``s = max(n / n_ref, 1)``.
         ref_grid: the training grid (for derived scales, YaRN's original length, and ``"normalized"``).
         shift, jitter, rescale: DINOv3's training-only coordinate augmentation, drawn once per table (once a forward

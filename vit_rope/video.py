@@ -94,6 +94,9 @@ class VideoVisionTransformer(VisionTransformer):
     """The image trunk over tubelet tokens, with 3D RoPE (or a 3D APE baseline)."""
 
     def __init__(self, num_frames: int = 16, tubelet_size: int = 2, **kwargs) -> None:
+        for name, value in (("num_frames", num_frames), ("tubelet_size", tubelet_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r} must be an integer of at least 1")
         self._num_frames, self._tubelet_size = num_frames, tubelet_size
         if kwargs.get("pos_embed") == "sincos":
             raise ValueError(

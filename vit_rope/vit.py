@@ -160,7 +160,7 @@ class VisionTransformer(nn.Module):
         if pos_embed not in pos_embed_names():
             raise ValueError(f"pos_embed={pos_embed!r}: choose one of {pos_embed_names()}")
         check_global_pool(global_pool, class_token)
-        check_sizes(embed_dim=embed_dim, depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio, reg_tokens=reg_tokens)
+        check_sizes(embed_dim, depth, num_heads, mlp_ratio, reg_tokens, patch_size, in_chans)
         check_rates(
             drop_rate=drop_rate,
             pos_drop_rate=pos_drop_rate,
@@ -328,16 +328,16 @@ class VisionTransformer(nn.Module):
         for info in self.feature_info:
             info["reduction"] = self._reduction()
 
-    # --------------------------------------------------------------------------------------- extrapolation
+    # ------------------------------------------------------------------------------------------- scaling
     def rope_scaling_modes(self) -> tuple[str, ...]:
-        """The extrapolation modes this model's position encoding takes (none without one); VO-RoPE skips YaRN,
+        """The scaling modes this model's position encoding takes (none without one); VO-RoPE skips YaRN,
         whose temperature is for q·k."""
         if self.position_encoding is None:
             return ()
         return tuple(m for m in self.position_encoding.scaling_modes if not (self.rope_vo and m == "yarn"))
 
     def set_rope_scaling(self, mode: str) -> None:
-        """Evaluate at other resolutions under extrapolation mode ``mode`` (one of :meth:`rope_scaling_modes`)."""
+        """Evaluate at other resolutions under scaling mode ``mode`` (one of :meth:`rope_scaling_modes`)."""
         if mode not in self.rope_scaling_modes():
             raise ValueError(
                 f"rope_scaling={mode!r}: this model ({self.pos_embed_type}) takes "

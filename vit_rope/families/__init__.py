@@ -2,7 +2,7 @@
 
 A new family is one file in this folder (or in your own code): a ``Family`` subclass decorated with
 ``@register_family``; the built-in ones are imported at the end of this file. Everything else (the models'
-``pos_embed`` values, timm's ``vit_<model_name>_*`` models, train.py's extrapolation modes) asks the registry and the
+``pos_embed`` values, timm's ``vit_<model_name>_*`` models, train.py's scaling modes) asks the registry and the
 family's declarations when it needs them, so a family registered later is as much one as a built-in.
 """
 

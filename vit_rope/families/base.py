@@ -45,7 +45,7 @@ class Family(nn.Module):
     A subclass sets ``name`` (its registry key) and declares what it is; the models, train.py and the tests read these
     declarations rather than lists of names:
 
-    * ``scaling_modes``: the extrapolation modes it supports (every family has the coordinate modes; NTK and YaRN need
+    * ``scaling_modes``: the scaling modes it supports (every family has the coordinate modes; NTK and YaRN need
       a fixed frequency ladder);
     * ``rotary``: False for a bias on the logits; ``commutes``: its rotations commute, so attention is exactly
       relative (``<R(a) q, R(b) k>`` depends on ``b - a`` alone);
