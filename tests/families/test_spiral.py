@@ -1,0 +1,45 @@
+"""vit_rope/families/spiral.py: spiral RoPE with two directions is axial RoPE; its directions and frequency chunks
+follow the paper, in 2D and in 3D (time axial, the plane spread)."""
+
+import math
+
+import torch
+
+from tests.helpers import DIM, axial
+from vit_rope import RotaryEmbedding
+
+F64 = torch.float64
+
+
+def test_spiral_with_two_directions_is_axial():
+    x, grid = torch.randn(2, 6, 20, DIM, dtype=F64), (4, 5)
+    spiral = RotaryEmbedding(DIM, axes=2, family="spiral", directions=2).double()
+    torch.testing.assert_close(spiral(x, grid=grid), axial()(x, grid=grid), rtol=0, atol=1e-12)
+
+
+def test_spiral_directions_and_frequencies_follow_the_paper():
+    """K = 4 over 16 plane channels: directions 0°, 45°, 90°, 135°; pairs (0°, 90°) and (45°, 135°) share
+    frequency chunks dealt round-robin from axial's ladder (the paper's Eq. 13: 0° and 90° get 0, 1, 4, 5 of
+    8 when d/4 = 8)."""
+    layer = RotaryEmbedding(32, axes=2, family="spiral", directions=4).double()
+    F = layer.family.frequency_matrix()  # (axes = (row, col), pairs)
+    ladder = 100.0 ** (-torch.arange(8, dtype=F64) * 4 / 32)
+    groups = F.view(2, 4, 4)  # (axes, direction, pair)
+    magnitude = groups.norm(dim=0)
+    for k, chunks in enumerate([[0, 1, 4, 5], [2, 3, 6, 7], [0, 1, 4, 5], [2, 3, 6, 7]]):
+        torch.testing.assert_close(magnitude[k], ladder[chunks])
+        angle = torch.atan2(groups[0, k], groups[1, k])  # (y = row, x = col)
+        torch.testing.assert_close(angle, torch.full_like(angle, k * math.pi / 4))
+
+
+def test_spiral_in_3d_keeps_time_axial_and_spreads_the_plane():
+    """Video: time gets an axial section of a quarter of the channels (64 → 16/24/24), the (row, col) plane six
+    directions kπ/6 over its 48 channels; time's pairs see only time, the plane's pairs never see time."""
+    layer = RotaryEmbedding(64, axes=3, family="spiral").double()
+    assert layer.family.axis_dims == (16, 24, 24) and layer.family.directions == 6
+    F = layer.family.frequency_matrix()  # (axes = (t, row, col), 32 pairs)
+    torch.testing.assert_close(F[0, 24:], 100.0 ** (-torch.arange(0, 16, 2, dtype=F64) / 16))  # axial time ladder
+    assert not F[0, :24].any() and not F[1:, 24:].any()
+    groups = F[1:, :24].view(2, 6, 4)  # (row, col) x direction x pair
+    angle = torch.atan2(groups[0], groups[1])
+    torch.testing.assert_close(angle, (torch.arange(6, dtype=F64) * math.pi / 6)[:, None].expand(6, 4))

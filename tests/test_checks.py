@@ -1,0 +1,52 @@
+"""vit_rope/checks.py: bad input is one clear error naming what to change (dtype, an empty batch, channels, sizes
+the patch does not divide, a clip given an image model, a head too small for the encoding, a token pool without a
+class token)."""
+
+import pytest
+import timm
+import torch
+
+from tests.helpers import tiny
+
+
+def test_input_of_another_dtype_or_an_empty_batch_is_one_clear_error():
+    model = tiny().eval()
+    with pytest.raises(ValueError, match="dtype torch.float64 but the model's weights are torch.float32"):
+        model(torch.randn(1, 3, 32, 32, dtype=torch.float64))
+    with pytest.raises(ValueError, match="the batch is empty"):
+        model(torch.randn(0, 3, 32, 32))
+    with pytest.raises(ValueError, match="dtype torch.uint8; convert it to a float tensor"):
+        model(torch.zeros(1, 3, 32, 32, dtype=torch.uint8))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):  # under autocast any float input is fine
+        assert model(torch.randn(1, 3, 32, 32).bfloat16()).dtype == torch.bfloat16
+    assert model.double()(torch.randn(1, 3, 32, 32, dtype=torch.float64)).dtype == torch.float64
+
+
+def test_bad_input_errors():
+    model = tiny()
+    with pytest.raises(ValueError, match="in_chans=1"):
+        model(torch.randn(1, 1, 64, 64))
+    with pytest.raises(ValueError, match="not divisible by the patch size 16x16.*dynamic_img_pad=True"):
+        model(torch.randn(1, 3, 70, 64))
+    with pytest.raises(ValueError, match="video clip\\? use a vit_rope3d"):
+        model(torch.randn(1, 3, 4, 64, 64))
+    with pytest.raises(
+        ValueError, match="axial position encoding over 2 axes: dim=2 .*head_dim=2 is embed_dim 12 / 6 heads"
+    ):
+        timm.create_model("vit_rope_tiny", embed_dim=12, num_heads=6, depth=1)
+    with pytest.raises(ValueError, match="layout='halves'.*sets <name>\\)$"):  # no head-dim hint
+        tiny(rope_layout="halves")
+    with pytest.raises(ValueError, match="pos_embed='learned'"):
+        tiny(pos_embed="learned")
+    with pytest.raises(ValueError, match="rope_targets='qx'"):
+        tiny(rope_targets="qx")
+    with pytest.raises(ValueError, match="needs a RoPE pos_embed"):
+        tiny("vit_ape_tiny", rope_targets="vo")
+
+
+def test_reset_classifier_token_pool_needs_a_class_token():
+    model = tiny(class_token=False, global_pool="avg")
+    with pytest.raises(ValueError, match="global_pool='token' needs class_token=True"):
+        model.reset_classifier(10, "token")
+    model.reset_classifier(10, "max")
+    assert model.global_pool == "max"
