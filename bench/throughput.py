@@ -15,6 +15,7 @@ machine adds stays visible, and the ratio of the fastest calls ("best"). Section
   (the same trunk with APE) and timm's RoPE ViT-S: inference forward and train step (forward, backward, AdamW);
 * attention's eager fast path (q and k turned as complex numbers) against the reference apply, same weights;
 * every family's ViT-S against axial RoPE (inference forward and the train step);
+* what building each family's table costs against a forward (the cost the reuse of the last table saves);
 * activation memory of a train step (the bytes autograd saves for backward), RoPE against APE;
 * a 3D video model against the image model at equal token counts.
 
@@ -43,7 +44,7 @@ import torch
 import vit_rope  # noqa: F401  (registers the models)
 
 FIGURES: dict[str, float] = {}  # name -> value: the headline figures of this run (for --processes)
-SECTIONS = ["rope", "apply", "families", "video"]
+SECTIONS = ["rope", "apply", "families", "tables", "video"]
 
 
 def synchronize() -> None:
@@ -203,6 +204,24 @@ def families_against_axial(setup: Setup, batch: int, repeats: int, families: lis
         print(f"{size}px  {family}/axial throughput  forward {fwd}  train step {train}")
 
 
+def table_cost(setup: Setup, batch: int, repeats: int, families: list[str], size: int = 224) -> None:
+    """What reusing the last table saves: building each family's ViT-S table (every layer's) against one inference
+    forward of the model, which reuses it."""
+    x = torch.randn(batch, 3, size, size, device=setup.device)
+    for family in families:
+        model = setup.model("vit_rope_small", img_size=size, pos_embed=family).eval()
+        encoding, grid = model.position_encoding, model.patch_embed.grid_size
+
+        def build(encoding=encoding, grid=grid):
+            with torch.inference_mode():
+                encoding._build(grid, None, setup.device, torch.float32)
+
+        times = timed_rounds({"table": build, "forward": setup.forward_fn(model, x)}, repeats)
+        table, forward = statistics.median(times["table"]), statistics.median(times["forward"])
+        FIGURES[f"{size}px table/forward {family}"] = table / forward
+        print(f"{size}px  {family} table {1e3 * table:.1f} ms, forward {1e3 * forward:.0f} ms: {table / forward:.3f}")
+
+
 class ReferenceApply(torch.nn.Module):
     """``model`` with attention's eager fast path switched off: q and k turn through the reference apply (the
     real-arithmetic rotation that compile and export use), so the fast path's win is measured on the same weights."""
@@ -324,6 +343,8 @@ def main() -> None:
         fast_path_against_reference(setup, args.batch, args.repeats)
     if "families" in args.sections:
         families_against_axial(setup, args.batch, args.repeats, args.families or list(vit_rope.FAMILIES))
+    if "tables" in args.sections:
+        table_cost(setup, args.batch, args.repeats, args.families or list(vit_rope.FAMILIES))
     if "video" in args.sections:
         video_against_image(setup, args.batch, max(args.repeats // 2, 3))
     if args.figures_json:
