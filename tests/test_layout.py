@@ -75,7 +75,7 @@ def test_the_readmes_family_table_is_the_registrys():
     """Every built-in family is in the README's table under its names, with the extrapolation modes it declares, and
     the table names no other."""
     text = (ROOT / "README.md").read_text()
-    table = text[text.index("| `freqs` / `pos_embed` |") :].split("\n\n")[0].splitlines()[2:]
+    table = text[text.index("| `family` / `pos_embed` |") :].split("\n\n")[0].splitlines()[2:]
     listed = {}
     for row in table:
         cells = [c.strip() for c in row.strip("|").split("|")]

@@ -175,6 +175,9 @@ def test_video_errors():
         timm.create_model("vit_rope3d_tiny", embed_dim=12, num_heads=3, depth=1)
     with pytest.raises(ValueError, match="sincos"):
         tiny_video(pos_embed="sincos")
+    for bad in (dict(tubelet_size=0), dict(num_frames=0), dict(patch_size=0)):
+        with pytest.raises(ValueError, match=f"{next(iter(bad))}=0 must be an integer of at least 1"):
+            tiny_video(**bad)
 
 
 @pytest.mark.parametrize("family", VIDEO_FAMILIES)
