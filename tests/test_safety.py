@@ -5,7 +5,6 @@ test_settings.py, test_weights.py, test_data.py)."""
 import math
 
 import pytest
-
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
