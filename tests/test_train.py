@@ -392,7 +392,7 @@ def test_resume_restores_each_ranks_rng(tmp_path, monkeypatch, capsys):
     ckpt = Path("vit_rope_tiny") / "checkpoint.pt"
     state = torch.load(tmp_path / "killed" / ckpt, weights_only=True)  # plain data: no pickled numpy objects
     assert isinstance(state["rng"], list) and len(state["rng"]) == 1
-    variants = dict(new=state["rng"], two=[state["rng"][0], {}])
+    variants = dict(new=state["rng"], two=[state["rng"][0], state["rng"][0]])  # (every process's state is checked)
     for name, rng in variants.items():
         shutil.copytree(tmp_path / "killed", tmp_path / name)
         torch.save(dict(state, rng=rng), tmp_path / name / ckpt)

@@ -202,10 +202,11 @@ def locked(folder: Path) -> Iterator[None]:
         fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
     except OSError as e:
         raise SystemExit(f"error: cannot open the lock {folder / LOCK} ({e.strerror}); {refused}") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):  # a FIFO or device planted there: no lock to hold, nothing to truncate
+        os.close(fd)
+        raise SystemExit(f"error: the lock {folder / LOCK} is {file_kind(mode)}; {refused}")
     with os.fdopen(fd, "r+") as f:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):  # a FIFO or device planted there: no lock to hold, nothing to truncate
-            raise SystemExit(f"error: the lock {folder / LOCK} is {file_kind(mode)}; {refused}")
         if fcntl is not None:
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -443,7 +443,7 @@ def resumed(settings: Settings, given: dict) -> Settings:
     """With ``--resume`` and a run in ``--output``: its saved settings, with what the command line changes where that
     is allowed (the fields' ``resume``); a change that would mix two recipes in one table is one line."""
     saved_path = Path(settings.output) / "config.yaml"
-    if not settings.resume or not saved_path.is_file():
+    if not settings.resume or not (saved_path.exists() or saved_path.is_symlink()):
         return settings
     values = read_yaml(saved_path, "the run's config", own=True)
     unknown = sorted(map(str, set(values) - set(NAMES)))
