@@ -71,7 +71,7 @@ def test_overwrite_deletes_the_earlier_runs_files_by_name_and_nothing_else(finis
     assert "vit_rope_tiny" not in (run / "results.csv").read_text()
 
 
-@pytest.mark.parametrize("models", [[".."], ["."], ["vit_rope_tiny", ".."], ["x" * 300]])
+@pytest.mark.parametrize("models", [[".."], ["vit_rope_tiny", "..", "."]])
 def test_an_earlier_config_naming_folders_outside_the_output_deletes_nothing_there(models, finished, tmp_path):
     """Issue 35, 1: an earlier run's config.yaml is data. Its models name folders, and a name that is not one plain
     folder of --output (``..`` is the parent) names none: --overwrite deletes nothing outside --output."""

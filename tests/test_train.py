@@ -654,3 +654,15 @@ def test_a_stop_names_only_files_that_exist(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="loss became nan at epoch 1, step 2") as stop:
         train.main([*ONE, "--output", str(tmp_path)])
     assert "No checkpoint was written yet" in str(stop.value) and "checkpoint.pt" not in str(stop.value)
+
+
+def test_ctrl_c_is_one_line(capsys):
+    """Issue 35, 8: SIGINT (Ctrl-C) ended the run with a KeyboardInterrupt traceback through whatever was running;
+    train.py's command makes it one line saying how to continue, with the exit status of an interrupted command."""
+
+    def interrupted():
+        os.kill(os.getpid(), signal.SIGINT)  # Python raises KeyboardInterrupt here, as in the middle of a run
+        time.sleep(5)
+
+    assert train.run_command(interrupted) == 130
+    assert capsys.readouterr().err == "interrupted; --resume continues from the last finished epoch\n"
