@@ -55,6 +55,8 @@ def check_output(output: str) -> Path:
     if path.exists() and not path.is_dir():
         raise SystemExit(f"error: --output {output!r} is a file, not a folder; name a folder for the run's files")
     existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():  # a file (or FIFO) where a folder above --output must be
+        raise SystemExit(f"error: --output {output!r}: {existing} is not a folder; choose another --output")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise SystemExit(f"error: --output {output!r}: {existing} is not writable by this user; choose another folder")
     return path
