@@ -4,7 +4,9 @@ resume rules derive from the fields, so a new setting is one field.
 
 Values come from a YAML config file (``--config``, else configs/default.yaml), overridden by flags; every value is
 checked when a :class:`Settings` is made, each problem one line naming the setting (``error: --lr -1.0: lr must be at
-least 0``). Config files are read with ``yaml`` safe loading, and a key given twice is an error.
+least 0``). Config files are read with ``yaml`` safe loading (UTF-8, bounded in size and in what their aliases
+expand to), and a key given twice is an error. A config, like any file a run did not write in this process, is data:
+``imports`` named in a file are refused, never imported (code runs only where the command line names it).
 """
 
 import argparse
