@@ -187,11 +187,12 @@ def check_resume_state(path: Path, model: torch.nn.Module, run: Run) -> None:
     remedy = resume_remedy(path)
     state = read_checkpoint(path, remedy)
     check_record(state.get("record"), model, run.spec, str(path), remedy)
-    shapes = {k: v.shape for k, v in model.state_dict().items()}
+    own = {k: v.shape for k, v in model.state_dict().items()}
     for key in ("model", "model_ema") if run.settings.ema else ("model",):
         weights = state[key]
         if weights is None:
             continue
+        shapes = own if key == "model" else {f"module.{k}": v for k, v in own.items()}  # (timm's EMA: its .module)
         differ = sorted(k for k in shapes.keys() ^ weights.keys()) + [
             k for k in shapes.keys() & weights.keys() if weights[k].shape != shapes[k]
         ]

@@ -208,3 +208,21 @@ def test_a_run_resumed_as_another_family_is_refused(finished, tmp_path):
         train.main(["--output", str(run), "--resume", "--epochs", "2"])
     one_line(stop)
     assert snapshot(run) == before
+
+
+def test_ema_weights_are_checked_against_timms_ema_names_on_resume(tmp_path):
+    """The EMA state of a checkpoint has timm's names (``module.`` first): a whole one resumes, one of another model
+    is refused before anything changes."""
+    run = tmp_path / "run"
+    train.main([*EPOCH, "--ema", "--output", str(run)])
+    path = run / "vit_rope_tiny" / "checkpoint.pt"
+    state = torch.load(path, weights_only=True)
+    torch.save({**state, "model_ema": {k: v[..., :1] for k, v in state["model_ema"].items()}}, path)
+    before = snapshot(run)
+    with pytest.raises(SystemExit, match="holds the model_ema weights of another model") as stop:
+        train.main(["--output", str(run), "--resume", "--epochs", "2"])
+    one_line(stop)
+    assert snapshot(run) == before
+    torch.save(state, path)
+    train.main(["--output", str(run), "--resume", "--epochs", "2"])
+    assert torch.load(path, weights_only=True)["epoch"] == 1
