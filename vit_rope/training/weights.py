@@ -208,12 +208,6 @@ def load_initial_weights(model: nn.Module, path: str, video: bool, spec: str, al
     gives its EMA weights if it has them, else its model's); ours rename and resample timm's keys, timm's own models
     take their own weights as saved. Weights that record another kind of model are refused unless
     ``allow_transfer``."""
-    if not allow_transfer:
-        fix = (
-            "point --initial-checkpoint at weights of this kind of model, or pass --allow-transfer to load them "
-            "on purpose"
-        )
-        check_record(read_record(path), model, spec, f"--initial-checkpoint {path!r}", fix)
     filter_fn = inflate_image_checkpoint if video else checkpoint_filter_fn
     if not type(model).__module__.startswith("vit_rope."):
         filter_fn = timm_checkpoint_filter
@@ -227,6 +221,12 @@ def load_initial_weights(model: nn.Module, path: str, video: bool, spec: str, al
             ".safetensors file or a torch file of tensors and plain data (a run's model.safetensors, next to its "
             "checkpoint.pt, holds the weights it evaluated)"
         ) from None
+    if not allow_transfer:  # (after the load: weights that do not fit are named as such first)
+        fix = (
+            "point --initial-checkpoint at weights of this kind of model, or pass --allow-transfer to load them "
+            "on purpose"
+        )
+        check_record(read_record(path), model, spec, f"--initial-checkpoint {path!r}", fix)
 
 
 def timm_checkpoint_filter(state_dict: dict, model: nn.Module) -> dict:
