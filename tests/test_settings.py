@@ -97,8 +97,8 @@ def test_a_users_module_named_like_the_standard_librarys_does_not_replace_it(tmp
 
 # ------------------------------------------------------------------------------------------ values counted twice
 @pytest.mark.parametrize("args,message", [
-    (["--eval-sizes", "16", "16"], "eval_sizes must be distinct sizes"),
-    (["--rope-scaling", "none", "pi", "none"], "rope_scaling must be distinct modes"),
+    (["--eval-sizes", "16", "16"], "eval_sizes must be sizes of at least 1, each given once"),
+    (["--rope-scaling", "none", "pi", "none"], "rope_scaling must be modes each given once"),
 ])  # fmt: skip
 def test_a_value_given_twice_where_rows_would_be_counted_as_seeds_is_refused(args, message, tmp_path):
     """Issue 35, 6: duplicate eval sizes or scaling modes gave duplicate rows, which results.md counted as seeds

@@ -122,11 +122,11 @@ class Settings:
     # evaluation
     eval_sizes: tuple[int, ...] = setting((32,), "resolutions to evaluate every model at",
                                           check=lambda v: len(v) and min(v) >= 1 and len(set(v)) == len(v),
-                                          must="distinct sizes of at least 1", resume=EVALUATES)  # fmt: skip
+                                          must="sizes of at least 1, each given once", resume=EVALUATES)  # fmt: skip
     native_eval: bool = setting(True, "also evaluate the built-in data drawn natively at each size", resume=EVALUATES)
     rope_scaling: tuple[str, ...] = setting(("none",), f"RoPE extrapolation modes to evaluate, from "
                                             f"{', '.join(SCALING_MODES)}", check=lambda v: len(set(v)) == len(v),
-                                            must="distinct modes (a mode twice would count as two seeds)",
+                                            must="modes each given once (a mode twice would count as two seeds)",
                                             resume=EVALUATES)  # fmt: skip
     eval_batch_size: int = setting(128, "evaluation batch size per process", check=at_least(1), must="at least 1",
                                    resume=APPLIES)  # fmt: skip
