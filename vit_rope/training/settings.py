@@ -332,9 +332,10 @@ def read_yaml(path: str | Path, what: str, own: bool = False) -> dict:
     else:
         if not Path(path).is_file():  # (a FIFO or folder would block or fail to read)
             raise SystemExit(f"error: {what} {str(path)!r} not found, or not a regular file")
-        if Path(path).stat().st_size > MAX_CONFIG_BYTES:
-            raise SystemExit(f"error: {what} {str(path)!r} is larger than {MAX_CONFIG_BYTES} bytes: not a config")
-        data = Path(path).read_bytes()
+        with open(path, "rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)  # (a huge file is refused, not read whole)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise SystemExit(f"error: {what} {str(path)!r} is larger than {MAX_CONFIG_BYTES} bytes: not a config; {fix}")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
