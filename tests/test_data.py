@@ -6,30 +6,15 @@ too, saying that --resume continues."""
 import gzip
 import os
 import pathlib
-import signal
 import struct
 import zlib
 
 import pytest
 
 import train
-from tests.test_folder import EPOCH, one_line
+from tests.test_folder import EPOCH, no_hang, one_line  # noqa: F401 (no_hang: a fixture)
 from tests.test_train import make_folder, make_imagefolder
 from vit_rope.training.idx import IdxImages
-
-
-@pytest.fixture
-def no_hang():
-    """Fail, rather than hang, where the code before issue 35 blocked for ever (reading a FIFO)."""
-
-    def hung(*_):
-        raise TimeoutError("blocked reading the dataset")
-
-    old = signal.signal(signal.SIGALRM, hung)
-    signal.alarm(60)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
 
 
 def run_on(root: pathlib.Path, tmp_path: pathlib.Path, *args: str, dataset: str = "imagefolder") -> list[str]:
@@ -84,7 +69,8 @@ def png_header(width: int, height: int) -> bytes:
     ("fifo", "not a regular file"),
     ("bomb", "decompression bomb"),
 ])  # fmt: skip
-def test_a_file_named_like_an_image_that_is_none_is_one_line_before_the_run(kind, message, tmp_path, no_hang):
+@pytest.mark.usefixtures("no_hang")
+def test_a_file_named_like_an_image_that_is_none_is_one_line_before_the_run(kind, message, tmp_path):
     """A FIFO named zz.png blocked the run for ever; an image whose header promises 10^10 pixels gave a traceback:
     one line naming the file, before anything is written."""
     make_imagefolder(tmp_path / "data", classes=2, per_class=2)

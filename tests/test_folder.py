@@ -6,6 +6,7 @@ every file outside the run's own byte-identical."""
 import os
 import pathlib
 import shutil
+import signal
 
 import pytest
 import yaml
@@ -33,6 +34,20 @@ def finish(tmp_path_factory) -> pathlib.Path:
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory) -> pathlib.Path:
     return finish(tmp_path_factory)
+
+
+@pytest.fixture
+def no_hang():
+    """Fail, rather than hang, where the code before issue 35 blocked for ever (reading a FIFO)."""
+
+    def hung(*_):
+        raise TimeoutError("blocked reading a FIFO")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(60)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
 
 
 def copy_of(finished: pathlib.Path, tmp_path: pathlib.Path) -> pathlib.Path:
@@ -235,7 +250,7 @@ def test_atomic_write_replaces_a_fifo_and_refuses_a_folder(tmp_path):
     (".lock", "fifo", "the lock .* is a FIFO"),
 ])  # fmt: skip
 def test_special_files_where_a_run_reads_or_writes_are_one_line_before_anything_changes(
-    where, kind, message, finished, tmp_path
+    where, kind, message, finished, tmp_path, no_hang
 ):
     """Issue 35, 3 and 5: a folder, FIFO (which would block a read) or link (to another run's file) where a resumed
     run reads or writes its own file is refused, and nothing in --output changes."""
