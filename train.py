@@ -23,6 +23,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +32,7 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from safetensors.torch import save_file
+from safetensors.torch import save as safetensors_bytes
 from timm.data import Mixup
 from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from timm.optim import create_optimizer_v2
@@ -40,7 +41,7 @@ from timm.utils import ModelEmaV3, accuracy
 from torch.utils.data import DataLoader, Dataset
 from tqdm import tqdm
 
-from vit_rope.training.data import Data, build_data
+from vit_rope.training.data import Data, DataError, build_data
 from vit_rope.training.distributed import all_sum, rank_world, resolve_device, setup_distributed
 from vit_rope.training.folder import (
     MODEL_FILES,
@@ -49,8 +50,11 @@ from vit_rope.training.folder import (
     append_csv,
     atomic_write,
     check_output,
+    check_own_files,
     drop_log_rows,
     locked,
+    read_log,
+    read_own,
     remove_run_files,
     write_json,
 )
@@ -59,7 +63,7 @@ from vit_rope.training.plan import Run, plan_runs
 from vit_rope.training.report import write_results
 from vit_rope.training.rng import all_rng_states, restore_rng_state, seed_everything
 from vit_rope.training.settings import DEFAULTS, Settings, parse, read_yaml, resumed
-from vit_rope.training.weights import read_checkpoint, resume_remedy, trained_epochs
+from vit_rope.training.weights import RECORD, check_record, read_checkpoint, resume_remedy, trained_epochs
 
 HERE = Path(__file__).resolve().parent
 
@@ -77,6 +81,7 @@ def check_folder(settings: Settings, plan: list[Run]) -> list[Path]:
     them), unless --resume or --overwrite; returns the folders of the earlier runs --overwrite deletes the files of
     (by name)."""
     out = check_output(settings.output)
+    check_own_files(out, [run.folder for run in plan])
     earlier = out / "config.yaml"
     found = [out / f for f in RUN_FILES] + [run.folder / f for run in plan for f in MODEL_FILES]
     found = [p for p in found if p.exists() or p.is_symlink()]
@@ -88,8 +93,9 @@ def check_folder(settings: Settings, plan: list[Run]) -> list[Path]:
             "--overwrite (which deletes its results, log, config and each run's checkpoint.pt, model.safetensors and "
             "results.json), or choose another --output"
         )
-    try:  # the earlier run's own folders, named by its config (one that cannot be read names none)
-        values = {**DEFAULTS, **read_yaml(earlier, "the earlier run's config"), "output": settings.output}
+    try:  # the earlier run's own folders, named by its config (one that cannot be read, or names a folder that is not
+        # a plain child of --output, names none: a config is data, and deletes only what run_folder allows)
+        values = {**DEFAULTS, **read_yaml(earlier, "the earlier run's config", own=True), "output": settings.output}
         return [run.folder for run in plan_runs(Settings(**values))]
     except (SystemExit, TypeError):
         return []
@@ -119,6 +125,11 @@ def checked_data(settings: Settings, dc: dict) -> Data:
         data.eval_set(settings.img_size, "resize")[0]
     except (OSError, ValueError, RuntimeError, IndexError) as e:
         raise SystemExit(f"error: dataset {settings.dataset} in {settings.data_dir!r}: {e}") from None
+    except (AssertionError, KeyError, TypeError) as e:  # timm's transforms: a policy (--auto-augment) it cannot read
+        raise SystemExit(
+            f"error: the training transform of {settings.dataset} fails ({type(e).__name__}: {e}); check "
+            f"--auto-augment {settings.auto_augment!r} (timm's policies, e.g. rand-m9-mstd0.5-inc1)"
+        ) from None
     return data
 
 
@@ -138,34 +149,142 @@ def preflight(plan: list[Run]) -> dict[str, tuple[Data, list[str]]]:
         key = (run.settings.data_key(), dc["mean"], dc["std"])
         if key not in data:
             data[key] = checked_data(run.settings, dc)
+        check_batches(run, data[key])
         if (run.spec, run.recipe) not in models:
             models[run.spec, run.recipe] = checked_model(run, data[key])
-        modes, shapes = models[run.spec, run.recipe]
-        if run.settings.resume:
-            check_resume_state(run.folder / "checkpoint.pt", shapes)
+        modes, model = models[run.spec, run.recipe]
+        if run.settings.resume:  # everything the resumed run reads back, checked before anything changes
+            if not run.settings.eval_only:
+                check_resume_state(run.folder / "checkpoint.pt", model, run)
+            read_results(run, eval_jobs(run.settings, modes))
         checked[run.tag] = (data[key], modes)
+    if plan[0].settings.resume:
+        read_log(Path(plan[0].settings.output).resolve() / "log.csv")
     return checked
 
 
-def check_resume_state(path: Path, shapes: dict[str, torch.Size]) -> None:
-    """A run's checkpoint.pt, if it has one, holds weights of the very model it resumes (not another family's or
-    size's): one line naming the file otherwise."""
-    if not path.is_file():
+def check_batches(run: Run, data: Data) -> None:
+    """timm's mixup and cutmix pair each sample with another of its batch: every training batch must be even."""
+    settings, world = run.settings, rank_world()[1]
+    if not (settings.mixup > 0 or settings.cutmix > 0) or data.train is None:
         return
-    weights = read_checkpoint(path, resume_remedy(path), mmap=True)["model"]
-    differ = sorted(k for k in shapes.keys() ^ weights.keys()) + [
-        k for k in shapes.keys() & weights.keys() if weights[k].shape != shapes[k]
-    ]
-    if differ:
+    per_rank = len(data.train) // world
+    odd = [n for n in (settings.batch_size, per_rank if per_rank < settings.batch_size else 0) if n % 2]
+    if odd:
         raise SystemExit(
-            f"error: {path} holds the weights of another model ({len(differ)} differ in name or shape, such as "
-            f"{differ[:3]}); {resume_remedy(path)}"
+            f"error: --mixup/--cutmix pair the samples of a batch, and a batch of run {run.tag} would hold {odd[0]} "
+            "(odd); give an even --batch-size (and a training set of at least one batch)"
         )
 
 
-def checked_model(run: Run, data: Data) -> tuple[list[str], dict[str, torch.Size]]:
+def check_resume_state(path: Path, model: torch.nn.Module, run: Run) -> None:
+    """A run's checkpoint.pt, if it has one, is one this run can continue from, every part of it: its fields' types
+    and ranges (:func:`read_checkpoint`), the kind of model it records, weights (and EMA weights) of the very model it
+    resumes (not another family's or size's), an optimizer state of this optimizer over these weights, and random
+    states the generators take. One line naming the file otherwise, before anything in --output changes."""
+    if not (path.exists() or path.is_symlink()):
+        return
+    remedy = resume_remedy(path)
+    state = read_checkpoint(path, remedy)
+    check_record(state.get("record"), model, run.spec, str(path), remedy)
+    own = {k: v.shape for k, v in model.state_dict().items()}
+    for key in ("model", "model_ema") if run.settings.ema else ("model",):
+        weights = state[key]
+        if weights is None:
+            continue
+        shapes = own if key == "model" else {f"module.{k}": v for k, v in own.items()}  # (timm's EMA: its .module)
+        differ = sorted(k for k in shapes.keys() ^ weights.keys()) + [
+            k for k in shapes.keys() & weights.keys() if weights[k].shape != shapes[k]
+        ]
+        if differ:
+            raise SystemExit(
+                f"error: {path} holds the {key} weights of another model ({len(differ)} differ in name or shape, such "
+                f"as {differ[:3]}); {remedy}"
+            )
+    problem = optimizer_problem(model, run.settings, state["optimizer"])
+    if problem:
+        raise SystemExit(
+            f"error: {path} holds an optimizer state that does not fit run {run.tag} ({problem}); {remedy}"
+        )
+
+
+def optimizer_problem(model: torch.nn.Module, settings: Settings, saved: dict) -> str:
+    """What keeps a saved optimizer state from resuming this run's optimizer ('' if nothing): its groups, and the
+    state of every parameter against the state one step of a fresh optimizer makes (its names and shapes), so that a
+    state that loads but would fail, or silently misapply, at the first step is refused now."""
+    loaded, _ = make_optimizer(model, settings, steps=1)
+    try:
+        loaded.load_state_dict(saved)
+    except (ValueError, KeyError, TypeError, RuntimeError, IndexError) as e:
+        return f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+    fresh, _ = make_optimizer(model, settings, steps=1)
+    for g_new, g_saved in zip(fresh.param_groups, loaded.param_groups, strict=True):
+        for k, v in g_new.items():
+            w = g_saved.get(k)
+            if k != "params" and (type(w) is not type(v) or (isinstance(v, tuple) and len(v) != len(w))):
+                return f"its group setting {k} is {str(w)[:40]!r}, not a {type(v).__name__}"
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    fresh.step()  # (the preflight model is thrown away: its weights may move)
+    for p, state in loaded.state.items():
+        want = fresh.state.get(p, {})
+        for k, v in state.items():
+            w = want.get(k)
+            if k not in want or (
+                isinstance(w, torch.Tensor) and (not isinstance(v, torch.Tensor) or v.shape != w.shape)
+            ):
+                return f"its state {k!r} of a weight of shape {tuple(p.shape)} does not match this optimizer's"
+    return ""
+
+
+ROW_FIELDS = ("model", "recipe", "seed", "train_size", "eval_size", "protocol", "rope_scaling", "top1", "top5", "loss",
+              "params")  # fmt: skip
+
+
+def read_results(run: Run, jobs: list[tuple[str, int, str]]) -> list[dict] | None:
+    """A run's results.json, every row checked (its fields, this run's model, recipe, seed and training size, numbers
+    in their ranges): the rows where they are those ``jobs`` asks, None where there are none or they answer other
+    evaluation settings. A damaged or forged file is one line naming it."""
+    path = run.folder / "results.json"
+    remedy = "delete it, and --resume evaluates the run's saved weights again"
+    data = read_own(path, "the results", remedy)
+    if data is None:
+        return None
+    try:
+        rows = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise SystemExit(f"error: the results {path} cannot be read as JSON ({e}); {remedy}") from None
+    problem = results_problem(rows, run)
+    if problem:
+        raise SystemExit(f"error: the results {path} are damaged or forged: {problem}; {remedy}")
+    return rows if [(r["protocol"], r["eval_size"], r["rope_scaling"]) for r in rows] == jobs else None
+
+
+def results_problem(rows: object, run: Run) -> str:
+    """What is wrong with the rows of a results.json ('' if nothing)."""
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        return "they are not a list of result rows"
+    expected = dict(model=run.model, recipe=run.recipe, seed=run.seed, train_size=run.settings.img_size)
+    for r in rows:
+        if tuple(r) != ROW_FIELDS:
+            return f"a row has the fields {list(r)[:12]}, not {list(ROW_FIELDS)}"
+        wrong = [k for k, v in expected.items() if r[k] != v or type(r[k]) is not type(v)]
+        if wrong:
+            return f"a row's {wrong[0]} is {str(r[wrong[0]])[:60]!r}, not this run's {expected[wrong[0]]!r}"
+        for k, low, high in (("top1", 0, 100), ("top5", 0, 100), ("loss", 0, math.inf)):
+            v = r[k]
+            if type(v) not in (int, float) or not (low <= v <= high) or math.isnan(v):
+                return f"a row's {k} is {str(v)[:40]!r}, not a number in [{low}, {high}]"
+        if type(r["eval_size"]) is not int or r["eval_size"] < 1 or type(r["params"]) is not int or r["params"] < 0:
+            return "a row's eval_size or params is not a whole number"
+        if not all(isinstance(r[k], str) for k in ("protocol", "rope_scaling")):
+            return "a row's protocol or rope_scaling is not a string"
+    return ""
+
+
+def checked_model(run: Run, data: Data) -> tuple[list[str], torch.nn.Module]:
     """A run's model built and fed a validation sample at --img-size and at its other eval and training sizes;
-    returns the --rope-scaling modes it takes and the shapes of its weights."""
+    returns the --rope-scaling modes it takes and the model."""
     settings, spec, where = run.settings, run.spec, f" (recipe {run.recipe})" if run.recipe else ""
     model = build_model(settings, spec, num_classes=data.num_classes).eval()
     check_input_sizes(settings, spec, model, where)
@@ -197,7 +316,7 @@ def checked_model(run: Run, data: Data) -> tuple[list[str], dict[str, torch.Size
             f"error: {spec} takes none of --rope-scaling {list(settings.rope_scaling)} (it takes "
             f"{list(model.rope_scaling_modes())}); add one of those"
         )
-    return modes, {k: v.shape for k, v in model.state_dict().items()}
+    return modes, model
 
 
 # ------------------------------------------------------------------------------------------------------ data
@@ -222,7 +341,7 @@ def make_loader(ds: Dataset, settings: Settings, train: bool, epoch: int) -> Dat
     )
 
 
-def batch_sizes(settings: Settings, epoch: int, steps: int) -> list[int]:
+def image_sizes_of_batches(settings: Settings, epoch: int, steps: int) -> list[int]:
     """The size of each training batch of an epoch, drawn from --train-sizes by (seed, epoch) alone, so that a resumed
     run and every rank draw the same; empty without --train-sizes."""
     if not settings.train_sizes:
@@ -304,7 +423,7 @@ def train_one_epoch(model, ddp, loader, training: Training, run: Run, epoch: int
     desc, quiet = f"{run.tag} epoch {epoch + 1}/{settings.epochs}", rank_world()[0] != 0
     bar = tqdm(loader, desc=desc, disable=True if quiet else None, leave=False)
     loss_sum = correct = seen = 0.0
-    sizes = batch_sizes(settings, epoch, len(loader))
+    sizes = image_sizes_of_batches(settings, epoch, len(loader))
     for step, (x, y) in enumerate(bar):
         x, y = x.to(device), y.to(device)
         if sizes:
@@ -355,7 +474,7 @@ def validate(model: torch.nn.Module, loader, device, amp: bool) -> dict:
 def resume_from(path: Path, model, training: Training) -> int:
     """Model, optimizer, EMA and every rank's RNG from a run's checkpoint.pt (read with weights_only=True); returns
     the number of finished epochs. A file that does not fit the model is one line naming it."""
-    state = read_checkpoint(path, resume_remedy(path))
+    state = read_checkpoint(path, resume_remedy(path))  # (checked whole before the run; read again: the same file)
     try:
         model.load_state_dict(state["model"])
         training.optimizer.load_state_dict(state["optimizer"])
@@ -377,7 +496,7 @@ def resume_from(path: Path, model, training: Training) -> int:
 def train_model(run: Run, data: Data, device: torch.device) -> torch.nn.Module:
     """Build one model and train it to ``epochs`` (from its checkpoint with --resume); returns the weights to
     evaluate (the EMA's with --ema)."""
-    settings, out, (rank, world) = run.settings, Path(run.settings.output), rank_world()
+    settings, out, (rank, world) = run.settings, run.folder.parent, rank_world()
     seed_everything(settings.seed)
     model = build_model(settings, run.spec, data.num_classes).to(device)
     if settings.eval_only:
@@ -387,7 +506,7 @@ def train_model(run: Run, data: Data, device: torch.device) -> torch.nn.Module:
     steps = max(len(data.train) // world // settings.batch_size, 1)
     training = make_training(settings, model, data.num_classes, steps)
     checkpoint, start = run.folder / "checkpoint.pt", 0
-    if settings.resume and checkpoint.exists():
+    if settings.resume and (checkpoint.exists() or checkpoint.is_symlink()):
         start = resume_from(checkpoint, model, training)
         if rank == 0:
             print(f"[{run.tag}] resumed after epoch {start} of {settings.epochs}", flush=True)
@@ -412,9 +531,10 @@ def train_model(run: Run, data: Data, device: torch.device) -> torch.nn.Module:
                        val_loss=val["loss"], val_top1=val["top1"], lr=lr, seconds=time.time() - t0)  # fmt: skip
             log_epoch(out, run, row)
             ema = training.ema.state_dict() if training.ema is not None else None  # timm's key: its loader reads it
+            record = model.vit_rope_record
             state = dict(model=model.state_dict(), optimizer=training.optimizer.state_dict(), model_ema=ema,
-                         epoch=epoch, rng=rngs)  # fmt: skip
-            save_checkpoint(run.folder, state, evaluated)
+                         epoch=epoch, rng=rngs, record=record)  # fmt: skip
+            save_checkpoint(run.folder, state, evaluated, record)
         if dist.is_initialized():
             dist.barrier()
     if training.ema is not None:
@@ -422,11 +542,13 @@ def train_model(run: Run, data: Data, device: torch.device) -> torch.nn.Module:
     return model
 
 
-def save_checkpoint(folder: Path, state: dict, evaluated: torch.nn.Module) -> None:
-    """The evaluated weights (model.safetensors) and the resume state (checkpoint.pt), each written atomically."""
+def save_checkpoint(folder: Path, state: dict, evaluated: torch.nn.Module, record: dict[str, str]) -> None:
+    """The evaluated weights (model.safetensors, its metadata the model's record) and the resume state
+    (checkpoint.pt), each written atomically."""
     folder.mkdir(exist_ok=True)
     weights = {k: v.detach().cpu().contiguous() for k, v in evaluated.state_dict().items()}
-    atomic_write(folder / "model.safetensors", save_file, weights)
+    metadata = {"format": "pt", RECORD: json.dumps(record)}
+    atomic_write(folder / "model.safetensors", lambda w, f: f.write(safetensors_bytes(w, metadata)), weights)
     atomic_write(folder / "checkpoint.pt", torch.save, state)
 
 
@@ -471,17 +593,13 @@ def model_results(run: Run, checked: tuple[Data, list[str]], trained: int, devic
     ``epochs``; else the model trained (on) and evaluated."""
     (data, modes), rank, settings = checked, rank_world()[0], run.settings
     done = run.folder / "results.json"
-    if settings.resume and done.is_file() and (settings.eval_only or trained == settings.epochs):
-        try:
-            rows = json.loads(done.read_text())
-            kept = [(r["protocol"], r["eval_size"], r["rope_scaling"]) for r in rows] == eval_jobs(settings, modes)
-        except (ValueError, TypeError, KeyError):  # a damaged file: evaluate again
-            kept = False
-        if kept:
+    if settings.resume and (settings.eval_only or trained == settings.epochs):
+        rows = read_results(run, eval_jobs(settings, modes))
+        if rows is not None:
             if rank == 0:
                 print(f"[{run.tag}] finished earlier; its results are kept", flush=True)
             return rows
-        if rank == 0:
+        if rank == 0 and done.exists():
             print(f"[{run.tag}] the evaluation settings changed: evaluating its saved weights again", flush=True)
     model = train_model(run, data, device)
     t0 = time.time()
@@ -498,10 +616,12 @@ def model_results(run: Run, checked: tuple[Data, list[str]], trained: int, devic
 def main(argv: list[str] | None = None) -> list[dict]:
     # every check first: a command that fails leaves --output as it was
     settings = resumed(*parse_config(argv))
-    import_modules(settings.imports)  # families and models of the user's own, before any model is named
+    import_modules(settings.imports)  # the user's own families and models, named on this command line only
     resolve_device(settings.device)
     if settings.initial_checkpoint and not os.path.isfile(settings.initial_checkpoint):
-        raise SystemExit(f"error: --initial-checkpoint {settings.initial_checkpoint!r} does not exist")
+        raise SystemExit(
+            f"error: --initial-checkpoint {settings.initial_checkpoint!r} does not exist or is not a regular file"
+        )
     one_process = int(os.environ.get("WORLD_SIZE", "1")) == 1
     if resolve_device(settings.device).type == "cpu" and one_process and "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(os.cpu_count() or 1)
@@ -512,7 +632,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
     device = setup_distributed(resolve_device(settings.device))
     rank = rank_world()[0]
-    out = Path(settings.output)
+    out = check_output(settings.output)
     with locked(out) if rank == 0 else nullcontext():
         if rank == 0:
             start_run(settings, plan, earlier)
@@ -522,7 +642,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
         for i, run in enumerate(plan):
             if rank == 0 and len(plan) > 1:
                 print(f"run {i + 1}/{len(plan)}: {run.tag}", flush=True)
-            rows += model_results(run, checked[run.tag], trained[run.tag], device)
+            try:
+                rows += model_results(run, checked[run.tag], trained[run.tag], device)
+            except DataError as e:  # a dataset file changed since the checks (a DataLoader worker's: its last line)
+                problem = str(e).strip().splitlines()[-1].removeprefix(f"{DataError.__module__}.DataError: ")
+                raise SystemExit(
+                    f"error: [{run.tag}] {problem}; then --resume continues from the last finished epoch"
+                ) from None
         if rank == 0:
             data = checked[plan[0].tag][0]
             about = f"{settings.dataset}, trained at {settings.img_size} px for {settings.epochs} epochs"
@@ -538,14 +664,24 @@ def start_run(settings: Settings, plan: list[Run], earlier: list[Path]) -> None:
     """Before the runs: the result files go (they are written when every run has ended, so that the ones in a folder
     always come from its config.yaml); a fresh run also removes its runs' own resume state and log, and with
     --overwrite the earlier run's files (by name, never a glob); then config.yaml is written."""
-    out, start = Path(settings.output), settings.initial_checkpoint
+    out, start = check_output(settings.output), settings.initial_checkpoint
     keep = Path(start).resolve() if start else None  # --initial-checkpoint may be an earlier run's weights
     if settings.resume:
         remove_run_files(out, [], RESULT_FILES)
     else:
         remove_run_files(out, [*earlier, *(run.folder for run in plan)], RUN_FILES, keep=keep)
-    atomic_write(out / "config.yaml", lambda s, p: Path(p).write_text(s.to_yaml()), settings)
+    atomic_write(out / "config.yaml", lambda s, f: f.write(s.to_yaml().encode()), settings)
+
+
+def run_command(command: Callable[[], object]) -> int:
+    """``command``'s exit status, a Ctrl-C one line rather than a traceback through whatever was running (every
+    file is whole: each is renamed into place, so the last finished epoch is kept)."""
+    try:
+        return 0 if command() is not None else 1
+    except KeyboardInterrupt:
+        print("interrupted; --resume continues from the last finished epoch", file=sys.stderr, flush=True)
+        return 130
 
 
 if __name__ == "__main__":
-    sys.exit(0 if main() is not None else 1)
+    sys.exit(run_command(main))

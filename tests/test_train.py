@@ -15,9 +15,10 @@ import timm
 import torch
 import yaml
 from PIL import Image
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 import train
+from vit_rope import FAMILIES
 from vit_rope.training import data as D
 from vit_rope.training import folder, models
 from vit_rope.training.data import SyntheticScenes
@@ -63,8 +64,8 @@ def test_tiny_comparison_end_to_end(tmp_path):
 
 
 def test_every_family_compared_in_one_run(tmp_path):
-    models = ["vit_ape_tiny", "vit_rope_tiny", "vit_comrope_tiny", "vit_liere_tiny", "vit_string_tiny",
-              "vit_spiral_tiny", "vit_lookhere_tiny"]  # fmt: skip
+    families = [f for f in FAMILIES.values() if f.model_name and f.min_axes <= 2]  # every image family, ours or not
+    models = ["vit_ape_tiny", *(f"vit_{f.model_name}_tiny" for f in families)]
     modes = ["none", "pi", "ntk", "yarn", "normalized"]
     args = [*TINY[3:], "--models", *models, "--rope-scaling", *modes, "--epochs", "1", "--no-native-eval"]
     rows = train.main([*args, "--output", str(tmp_path)])
@@ -75,8 +76,9 @@ def test_every_family_compared_in_one_run(tmp_path):
         assert sorted({r["rope_scaling"] for r in mine}) == sorted(takes), name
         assert len(mine) == 2 * len(takes) and all(0 <= r["top1"] <= 100 for r in mine), name
         assert (tmp_path / name / "model.safetensors").exists()
-    assert {r["rope_scaling"] for r in rows if r["model"] == "vit_spiral_tiny"} == set(modes)  # a fixed ladder
-    assert "ntk" not in {r["rope_scaling"] for r in rows if r["model"] in ("vit_comrope_tiny", "vit_liere_tiny")}
+    for family in families:  # a fixed ladder takes every mode; a learned family's takes no NTK
+        takes = {r["rope_scaling"] for r in rows if r["model"] == f"vit_{family.model_name}_tiny"}
+        assert takes == set(family.scaling_modes), family.name
 
 
 def test_resume_after_sigkill_gives_identical_results(tmp_path):
@@ -392,7 +394,7 @@ def test_resume_restores_each_ranks_rng(tmp_path, monkeypatch, capsys):
     ckpt = Path("vit_rope_tiny") / "checkpoint.pt"
     state = torch.load(tmp_path / "killed" / ckpt, weights_only=True)  # plain data: no pickled numpy objects
     assert isinstance(state["rng"], list) and len(state["rng"]) == 1
-    variants = dict(new=state["rng"], two=[state["rng"][0], {}])
+    variants = dict(new=state["rng"], two=[state["rng"][0], state["rng"][0]])  # (every process's state is checked)
     for name, rng in variants.items():
         shutil.copytree(tmp_path / "killed", tmp_path / name)
         torch.save(dict(state, rng=rng), tmp_path / name / ckpt)
@@ -437,7 +439,7 @@ def test_scaling_modes_skip_what_a_model_cannot_take():
     assert train.scaling_modes(vo, modes) == ["none", "pi", "ntk", "normalized"]
 
 
-# ----------------------------------------------------------------------------------- hostile input (issue 16)
+# ----------------------------------------------------------------------------------- hostile input
 def snapshot(folder: Path) -> dict[str, bytes]:
     """Every file under ``folder`` with its bytes: two snapshots are equal when nothing was added, removed or
     changed."""
@@ -461,7 +463,7 @@ FAILING_RUNS = [
     ("missing device", ["--device", "cuda:99"], "cuda:99 is not on this machine"),
     ("unknown model", ["--models", "vit_nope"], "unknown model 'vit_nope'"),
     ("model kwarg out of range", ["--models", "vit_rope_tiny", *TINY_KWARGS, "rope_theta=0"],
-     r"model vit_rope_tiny cannot be built with .*'rope_theta': 0.*theta=0 must be positive"),
+     r"model vit_rope_tiny cannot be built with .*'rope_theta': 0.*theta=0 must be a positive finite number"),
     ("model kwarg refused", ["--model-kwargs", "embed_dim=30", "num_heads=4"],
      "model vit_ape_tiny cannot be built .*embed_dim=30 is not divisible by num_heads=4"),
     ("eval size", ["--eval-sizes", "36"], r"--eval-sizes \[36\] are not multiples of the patch size"),
@@ -654,3 +656,79 @@ def test_a_stop_names_only_files_that_exist(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="loss became nan at epoch 1, step 2") as stop:
         train.main([*ONE, "--output", str(tmp_path)])
     assert "No checkpoint was written yet" in str(stop.value) and "checkpoint.pt" not in str(stop.value)
+
+
+def test_ctrl_c_is_one_line(capsys):
+    """Issue 35, 8: SIGINT (Ctrl-C) ended the run with a KeyboardInterrupt traceback through whatever was running;
+    train.py's command makes it one line saying how to continue, with the exit status of an interrupted command."""
+
+    def interrupted():
+        os.kill(os.getpid(), signal.SIGINT)  # Python raises KeyboardInterrupt here, as in the middle of a run
+        time.sleep(5)
+
+    assert train.run_command(interrupted) == 130
+    assert capsys.readouterr().err == "interrupted; --resume continues from the last finished epoch\n"
+
+
+# ---------------------------------------------------------------------------------------------- fine-tuning
+@pytest.mark.parametrize("decay", [0.65, 0.75])
+def test_layer_decay_scales_each_blocks_lr_by_timms_rule(decay):
+    """BEiT's rule as timm applies it: with L the last layer id, a parameter of layer i trains at lr · decay^(L - i);
+    the stem (tokens, patch embedding) is layer 0, block b layer b + 1 (the final norm with the last block), the head
+    and a learned position encoding (one tensor for every layer) layer L; the same scales as timm gives its own RoPE
+    ViT."""
+    depth = 3
+    model = timm.create_model("vit_rope_mixed_tiny", depth=depth, img_size=32, patch_size=8, num_classes=4)
+    settings, _ = train.parse_config(["--layer-decay", str(decay), "--lr", "0.01", "--warmup-epochs", "0"])
+    optimizer, scheduler = train.make_optimizer(model, settings, steps=10)
+    last = depth + 1
+
+    def layer(name: str) -> int:
+        if name.startswith("blocks."):
+            return int(name.split(".")[1]) + 1
+        return {"norm": depth, "head": last, "position_encoding": last}.get(name.split(".")[0], 0)
+
+    scale = {id(p): g["lr_scale"] for g in optimizer.param_groups for p in g["params"]}
+    ours = {n: scale[id(p)] for n, p in model.named_parameters()}
+    for name, s in ours.items():
+        assert s == pytest.approx(decay ** (last - layer(name))), name
+    scheduler.step_update(0)
+    for g in optimizer.param_groups:
+        assert g["lr"] == pytest.approx(settings.lr * g["lr_scale"])
+    # timm's own RoPE ViT (Eva) under timm's optimizer factory: the same scale for every parameter both have
+    eva = timm.create_model("vit_small_patch16_rope_mixed_224", depth=depth, num_classes=4)
+    theirs = timm.optim.create_optimizer_v2(eva, "adamw", lr=0.01, layer_decay=decay)
+    scale = {id(p): g["lr_scale"] for g in theirs.param_groups for p in g["params"]}
+    rename = {"gamma_1": "ls1.gamma", "gamma_2": "ls2.gamma", "rope.freqs": "position_encoding.family.frequencies"}
+    shared = 0
+    for name, p in eva.named_parameters():
+        for old, new in rename.items():
+            name = name.replace(old, new)
+        if name in ours:
+            shared += 1
+            assert ours[name] == pytest.approx(scale[id(p)]), name
+    assert shared >= len(ours) - 1  # (our APE-free trunk lacks nothing of theirs but its pos_embed)
+
+
+@pytest.mark.parametrize("value", ["0", "1.5", "-0.7"])
+def test_layer_decay_outside_zero_to_one_is_refused(value):
+    with pytest.raises(SystemExit, match=r"layer_decay must be in \(0, 1\]"):
+        train.parse_config(["--layer-decay", value])
+
+
+def test_the_finetuning_config_trains_from_a_timm_checkpoint(tmp_path):
+    """configs/finetune_rope_vit_s.yaml, offline: timm's RoPE-ViT-S weights from a file (random here), a new head
+    for three classes, layer decay, the sweep under every extrapolation mode; small sizes to stay fast."""
+    timm_model = timm.create_model("vit_small_patch16_rope_224")
+    save_file({k: v.contiguous() for k, v in timm_model.state_dict().items()}, str(tmp_path / "w.safetensors"))
+    make_imagefolder(tmp_path / "images", classes=3, per_class=2, size=32)
+    rows = train.main([
+        "--config", "configs/finetune_rope_vit_s.yaml", "--data-dir", str(tmp_path / "images"), "--no-pretrained",
+        "--initial-checkpoint", str(tmp_path / "w.safetensors"), "--img-size", "32", "--eval-sizes", "32", "48",
+        "--epochs", "1", "--batch-size", "2", "--workers", "0", "--no-amp", "--output", str(tmp_path / "run"),
+    ])  # fmt: skip
+    assert {r["rope_scaling"] for r in rows} == {"none", "pi", "ntk", "yarn", "normalized"}
+    settings, _ = train.parse_config(["--config", "configs/finetune_rope_vit_s.yaml"])
+    assert 0.65 <= settings.layer_decay <= 0.75 and settings.pretrained and settings.models == ("vit_rope_small",)
+    tuned = torch.load(tmp_path / "run" / "vit_rope_small" / "checkpoint.pt", weights_only=True)["model"]
+    assert tuned["head.weight"].shape == (3, 384)  # a new head for three classes, the trunk timm's

@@ -86,7 +86,7 @@ def test_train_py_compares_the_user_family_importing_this_file(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     results = (tmp_path / "results.csv").read_text()
     assert results.count("vit_user_turned_tiny") == 2 * 2  # two sizes under two modes
-    assert "imports:\n- " in (tmp_path / "config.yaml").read_text()  # a --resume imports it again
+    assert "imports:\n- " in (tmp_path / "config.yaml").read_text()  # recorded; --resume asks for the flag again
     missing = subprocess.run([sys.executable, str(ROOT / "train.py"), "--imports", "no_such_module", "--output",
                               str(tmp_path / "x")], capture_output=True, text=True, cwd=ROOT)  # fmt: skip
     assert missing.returncode != 0 and "error: --imports 'no_such_module' cannot be imported" in missing.stderr

@@ -3,7 +3,10 @@ follow the paper, in 2D and in 3D (time axial, the plane spread)."""
 
 import math
 
+import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.helpers import DIM, axial
 from vit_rope import RotaryEmbedding
@@ -43,3 +46,25 @@ def test_spiral_in_3d_keeps_time_axial_and_spreads_the_plane():
     groups = F[1:, :24].view(2, 6, 4)  # (row, col) x direction x pair
     angle = torch.atan2(groups[0], groups[1])
     torch.testing.assert_close(angle, (torch.arange(6, dtype=F64) * math.pi / 6)[:, None].expand(6, 4))
+
+
+@settings(max_examples=12, deadline=None)
+@given(dim=st.sampled_from([16, 32, 40, 48, 64, 96]), data=st.data())
+def test_spiral_in_3d_takes_its_default_directions_for_any_head_dim(dim, data):
+    """The default picks directions that fit the plane (it failed for 48 channels), and stays exactly relative."""
+    layer = RotaryEmbedding(dim, axes=3, family="spiral").double()
+    assert layer.family.directions >= 2 and layer.family.plane_dims % 8 == 0
+    pos = torch.tensor(data.draw(st.lists(st.lists(st.floats(-9, 9), min_size=3, max_size=3), min_size=4,
+                                          max_size=4)), dtype=torch.float64)  # fmt: skip
+    q, k = torch.randn(2, 4, dim, dtype=torch.float64)
+
+    def scores(p):
+        return layer(q, positions=p) @ layer(k, positions=p).mT
+
+    torch.testing.assert_close(scores(pos + 3.5), scores(pos), rtol=0, atol=1e-9)
+    assert math.isfinite(float(scores(pos).sum()))
+
+
+def test_spiral_refusals_offer_choices():
+    with pytest.raises(ValueError, match=r"choose one of \[2, 4, 8\]"):
+        RotaryEmbedding(32, axes=2, family="spiral", directions=3)

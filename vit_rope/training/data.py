@@ -17,6 +17,7 @@ evaluation) size and ``num_frames`` frames are sampled evenly.
 
 import math
 import os
+import stat
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import NamedTuple
@@ -37,6 +38,11 @@ IMAGE_DATASETS = ("synthetic", "cifar10", "cifar100", "mnist", "fashion_mnist", 
 VIDEO_DATASETS = ("synthetic_video", "clipfolder")
 DATASETS = IMAGE_DATASETS + VIDEO_DATASETS
 DIRECTIONS = ("E", "NE", "N", "NW", "W", "SW", "S", "SE")
+
+
+class DataError(ValueError):
+    """A file of the dataset that cannot be read as it must be (found while training: changed since the run's checks);
+    train.py ends the run with its message on one line."""
 
 
 def _grid(h: int, w: int) -> tuple[Tensor, Tensor]:
@@ -234,20 +240,27 @@ class ClipFolder(Dataset):
         return sorted(f for f in os.listdir(path) if f.lower().endswith(self.EXTENSIONS))
 
     def image_paths(self) -> list[str]:
-        return [os.path.join(path, f) for path, _ in self.samples for f in self.frames(path)]
+        """Every frame of every clip; a clip without frames is an error now, not in the middle of an epoch."""
+        paths = []
+        for path, _ in self.samples:
+            frames = self.frames(path)
+            if not frames:
+                raise ValueError(f"clip {path!r} has no frames ({', '.join(self.EXTENSIONS)}); add them or remove it")
+            paths += [os.path.join(path, f) for f in frames]
+        return paths
 
     def __getitem__(self, index):
         path, label = self.samples[index]
         frames = self.frames(path)
         if not frames:
-            raise ValueError(f"clip {path!r} has no frames ({', '.join(self.EXTENSIONS)})")
+            raise DataError(f"clip {path!r} has no frames ({', '.join(self.EXTENSIONS)}); add them or remove it")
         pick = torch.linspace(0, len(frames) - 1, self.num_frames).round().long().tolist()
         out = []
         for i in pick:
             try:
                 img = Image.open(os.path.join(path, frames[i])).convert("RGB")
-            except OSError as e:
-                raise ValueError(f"cannot read frame {os.path.join(path, frames[i])!r}: {e}") from e
+            except (OSError, Image.DecompressionBombError) as e:
+                raise DataError(f"cannot read frame {os.path.join(path, frames[i])!r}: {e}") from None
             t = torch.from_numpy(np.asarray(img).copy()).permute(2, 0, 1).float() / 255
             out.append(
                 F.interpolate(t[None], size=self.img_size, mode="bilinear", antialias=True, align_corners=False)[0]
@@ -304,8 +317,8 @@ class CheckedImageFolder(Dataset):
         path = self.inner.samples[index][0]
         try:
             return self.inner[index]
-        except OSError as e:  # PIL's UnidentifiedImageError is an OSError
-            raise ValueError(f"cannot read image {path!r}: {e}; delete or replace the file") from e
+        except (OSError, Image.DecompressionBombError) as e:  # PIL's UnidentifiedImageError is an OSError
+            raise DataError(f"cannot read image {path!r}: {e}; delete or replace the file") from None
 
 
 def torchvision_dataset(name: str, root: str, train: bool) -> Dataset:
@@ -520,7 +533,10 @@ def check_files(ds: Dataset, root: str) -> None:
     paths = ds.image_paths()
     for path in tqdm(paths, desc=f"checking {root}", disable=None, leave=False):
         try:
+            mode = os.stat(path).st_mode
+            if not stat.S_ISREG(mode):  # a FIFO would block the read, a device never end it
+                raise OSError(f"it is not a regular file (mode {stat.filemode(mode)})")
             with Image.open(path) as img:
                 img.size  # noqa: B018 (the header is read here)
-        except OSError as e:  # PIL's UnidentifiedImageError is an OSError
+        except (OSError, Image.DecompressionBombError) as e:  # PIL's UnidentifiedImageError is an OSError
             raise ValueError(f"cannot read image {path!r}: {e}; delete or replace the file") from None

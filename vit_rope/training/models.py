@@ -5,6 +5,9 @@ extrapolation modes it is evaluated under."""
 import argparse
 import importlib
 import importlib.util
+import os
+import re
+import stat
 import sys
 from pathlib import Path
 
@@ -14,24 +17,33 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, resolve_data_
 
 from .data import VIDEO_DATASETS
 from .settings import Settings, key_value
-from .weights import load_initial_weights, why_unreadable
+from .weights import load_initial_weights, model_record, why_unreadable
 
 __all__ = ["build_model", "check_input_sizes", "data_config", "import_modules", "scaling_modes", "split_spec"]
 
 
 def import_modules(names: tuple[str, ...]) -> None:
     """Import each of ``--imports`` (a dotted module name, or the path of a .py file) so that the families and models
-    it registers exist before the models are built; one line for one that cannot be imported."""
+    it registers exist before the models are built; one line for one that cannot be imported. Only the command line
+    names these (settings.py refuses a file that does). A file is imported under a private name of its own, never
+    its file name: ``string.py`` must not replace the standard library's ``string`` for everything imported later."""
     for name in names:
         try:
             if name.endswith(".py") or "/" in name:
                 path = Path(name).resolve()
-                spec = importlib.util.spec_from_file_location(path.stem, path)
-                if spec is None or not path.is_file():
-                    raise FileNotFoundError(f"no file {path}")
+                if not path.exists() or not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the import
+                    raise FileNotFoundError(f"no regular file {path}")
+                private = "_vit_rope_imports_" + re.sub(r"\W", "_", path.stem) + f"_{len(sys.modules)}"
+                spec = importlib.util.spec_from_file_location(private, path)
+                if spec is None or spec.loader is None:
+                    raise ImportError(f"{path} is not a Python file")
                 module = importlib.util.module_from_spec(spec)
-                sys.modules[path.stem] = module
-                spec.loader.exec_module(module)
+                sys.modules[private] = module  # (dataclasses and pickling look the module up by its name)
+                try:
+                    spec.loader.exec_module(module)
+                except BaseException:
+                    del sys.modules[private]
+                    raise
             else:
                 importlib.import_module(name)
         except Exception as e:  # the user's module failed: say which and why, not where inside it
@@ -69,30 +81,53 @@ def data_config(settings: Settings, spec: str) -> dict:
     name, own = checked_spec(spec)
     pretrained = timm.models.get_pretrained_cfg(name)
     pcfg = pretrained.to_dict() if pretrained is not None else {}
-    pcfg.update({**settings.model_kwargs, **own}.get("pretrained_cfg_overlay") or {})
+    overlay = {**settings.model_kwargs, **own}.get("pretrained_cfg_overlay") or {}
+    if not isinstance(overlay, dict):
+        raise SystemExit(
+            f"error: model {spec}: pretrained_cfg_overlay {str(overlay)[:80]!r} is not a mapping; give keys of timm's "
+            "pretrained config, e.g. pretrained_cfg_overlay={file: weights.safetensors}"
+        )
+    pcfg.update(overlay)
     return resolve_data_config({}, pretrained_cfg=pcfg or dict(mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD))
 
 
-def model_args(settings: Settings, spec: str) -> tuple[str, dict]:
-    """The registered name and the kwargs ``timm.create_model`` gets for one ``--models`` entry."""
+def model_args(settings: Settings, spec: str) -> tuple[str, dict, dict]:
+    """The registered name and the kwargs ``timm.create_model`` gets for one ``--models`` entry: the user's, and the
+    defaults the run adds (its image size, frames and drop path) where the user gave none."""
     name, own = checked_spec(spec)
     kwargs = {**settings.model_kwargs, **own}
-    kwargs.setdefault("img_size", settings.img_size)
+    defaults = dict(img_size=settings.img_size)
     if settings.dataset in VIDEO_DATASETS:
-        kwargs.setdefault("num_frames", settings.num_frames)
+        defaults["num_frames"] = settings.num_frames
     if settings.drop_path:
-        kwargs.setdefault("drop_path_rate", settings.drop_path)
-    return name, kwargs
+        defaults["drop_path_rate"] = settings.drop_path
+    return name, kwargs, {k: v for k, v in defaults.items() if k not in kwargs}
+
+
+def create(name: str, pretrained: bool, num_classes: int, kwargs: dict, defaults: dict) -> tuple[torch.nn.Module, dict]:
+    """``timm.create_model`` with the run's defaults that the model takes: any timm model (a ResNet takes no
+    ``img_size``) is built, and only a kwarg the user gave is an error if refused. Returns the kwargs it was built
+    with."""
+    while True:
+        try:
+            return timm.create_model(name, pretrained=pretrained, num_classes=num_classes, **kwargs, **defaults), {
+                **kwargs, **defaults}  # fmt: skip
+        except TypeError as e:
+            refused = [k for k in defaults if f"'{k}'" in str(e)]
+            if not refused:
+                raise
+            defaults = {k: v for k, v in defaults.items() if k not in refused}
 
 
 def build_model(settings: Settings, spec: str, num_classes: int) -> torch.nn.Module:
     """``timm.create_model`` for one ``--models`` entry, with its --pretrained or --initial-checkpoint weights; a
-    kwarg the model refuses, or weights that cannot be read or do not fit it, is one line naming the model."""
-    name, kwargs = model_args(settings, spec)
+    kwarg the model refuses, or weights that cannot be read or do not fit it, is one line naming the model. The
+    model carries the record its saved weights will say what they are by (``vit_rope_record``)."""
+    name, kwargs, defaults = model_args(settings, spec)
     try:
-        model = timm.create_model(name, pretrained=settings.pretrained, num_classes=num_classes, **kwargs)
+        model, used = create(name, settings.pretrained, num_classes, kwargs, defaults)
     except (ValueError, TypeError, AssertionError) as e:
-        raise SystemExit(f"error: model {spec} cannot be built with {kwargs}: {e}") from None
+        raise SystemExit(f"error: model {spec} cannot be built with { {**kwargs, **defaults} }: {e}") from None
     except Exception as e:  # pretrained weights: a hub out of reach, or a file that cannot be read
         if not (settings.pretrained or kwargs.get("pretrained_cfg_overlay")):
             raise
@@ -101,7 +136,9 @@ def build_model(settings: Settings, spec: str, num_classes: int) -> torch.nn.Mod
             "use --initial-checkpoint PATH (a .safetensors file)"
         ) from None
     if settings.initial_checkpoint:
-        load_initial_weights(model, settings.initial_checkpoint, settings.dataset in VIDEO_DATASETS, spec)
+        video = settings.dataset in VIDEO_DATASETS
+        load_initial_weights(model, settings.initial_checkpoint, video, spec, settings.allow_transfer)
+    model.vit_rope_record = model_record(model, name, used)
     return model
 
 

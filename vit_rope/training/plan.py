@@ -27,13 +27,14 @@ def plan_runs(settings: Settings) -> list[Run]:
     first). Tags gain ``@recipe`` with recipes and ``@seed<n>`` with --seeds, so that a config without them keeps its
     folders; runs whose folders would coincide are an error."""
     models = settings.models
+    out = Path(settings.output).expanduser().resolve()  # once: every folder a child of the folder checked
     names = [m if models.count(m) == 1 else f"{m}_{i}" for i, m in enumerate(models)]
     plan, folders = [], {}
     for seed in settings.seeds or (settings.seed,):
         for recipe in list(settings.recipes) or [""]:
             for spec, model in zip(models, names, strict=True):
                 tag = model + (f"@{recipe}" if recipe else "") + (f"@seed{seed}" if settings.seeds else "")
-                folder = run_folder(Path(settings.output), tag)
+                folder = run_folder(out, tag)
                 if folders.setdefault(folder, tag) != tag:
                     raise SystemExit(
                         f"error: runs {folders[folder]} and {tag} would share the folder {folder}; give the models "

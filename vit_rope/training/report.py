@@ -5,7 +5,7 @@ import math
 import statistics
 from pathlib import Path
 
-from .folder import write_csv
+from .folder import atomic_write, write_csv
 
 SCALING_LABELS = {
     "none": "none",
@@ -25,25 +25,34 @@ Summary = dict[str, dict[Curve, dict[int, dict]]]  # protocol → curve → eval
 
 def write_results(rows: list[dict], out: Path, train_size: int, about: str, chance: float | None = None) -> None:
     """``rows`` (one per run, eval size, protocol and RoPE scaling mode) as the four result files in ``out``;
-    ``about`` (the data, training size and epochs) titles the figures, which mark ``chance`` (top-1 of a guess, %)."""
-    write_csv(rows, str(out / "results.csv"))
+    ``about`` (the data, training size and epochs) titles the figures, which mark ``chance`` (top-1 of a guess, %).
+    Each file is written through :func:`atomic_write`: a kill leaves the old file or the whole new one, and a link
+    planted in a file's place while the run went on is replaced, never written through."""
     summary = summarise(rows)
-    (out / "results.md").write_text(headline_table(summary, train_size) + "\n" + markdown_tables(summary, train_size))
+    atomic_write(out / "results.csv", write_csv, rows)
+    text = headline_table(summary, train_size) + "\n" + markdown_tables(summary, train_size)
+    atomic_write(out / "results.md", lambda t, f: f.write(t.encode()), text)
     plt = pyplot()
     for figure, name in ((accuracy_figure, "accuracy_vs_resolution.png"), (extrapolation_figure, "extrapolation.png")):
         fig = figure(summary, train_size, about, chance)
-        fig.savefig(out / name)
-        plt.close(fig)
+        try:
+            atomic_write(out / name, lambda fg, f: fg.savefig(f, format="png"), fig)
+        finally:
+            plt.close(fig)
 
 
 def summarise(rows: list[dict]) -> Summary:
     """Top-1 over the seeds of each (protocol, model, recipe, scaling mode, eval size): its ``mean``, ``std`` (the
     sample standard deviation; 0 for one seed) and ``n`` seeds, with the model's ``params``; in the order of the
-    rows."""
+    rows. Two rows of one seed in one cell are an error: counted as two seeds they would fake a spread of 0."""
     groups: dict = {}
     for r in rows:
         curve = (r["model"], r["recipe"], r["rope_scaling"])
-        groups.setdefault(r["protocol"], {}).setdefault(curve, {}).setdefault(r["eval_size"], []).append(r)
+        cell = groups.setdefault(r["protocol"], {}).setdefault(curve, {}).setdefault(r["eval_size"], [])
+        if any(other["seed"] == r["seed"] for other in cell):
+            where = f"{curve} at {r['eval_size']} px ({r['protocol']})"
+            raise ValueError(f"two result rows for seed {r['seed']} of {where}")
+        cell.append(r)
     return {
         p: {c: {s: over_seeds(rs) for s, rs in cells.items()} for c, cells in cs.items()} for p, cs in groups.items()
     }

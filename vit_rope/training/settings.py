@@ -4,7 +4,9 @@ resume rules derive from the fields, so a new setting is one field.
 
 Values come from a YAML config file (``--config``, else configs/default.yaml), overridden by flags; every value is
 checked when a :class:`Settings` is made, each problem one line naming the setting (``error: --lr -1.0: lr must be at
-least 0``). Config files are read with ``yaml`` safe loading, and a key given twice is an error.
+least 0``). Config files are read with ``yaml`` safe loading (UTF-8, bounded in size and in what their aliases
+expand to), and a key given twice is an error. A config, like any file a run did not write in this process, is data:
+``imports`` named in a file are refused, never imported (code runs only where the command line names it).
 """
 
 import argparse
@@ -20,6 +22,7 @@ import yaml
 
 from ..position_encoding import SCALING_MODES
 from .data import DATASETS
+from .folder import read_own
 
 __all__ = ["Settings", "parse", "read_yaml", "resumed"]
 
@@ -56,7 +59,8 @@ class Settings:
     # data
     dataset: str = setting("synthetic", f"one of {', '.join(DATASETS)}", check=lambda v: v in DATASETS,
                            must=f"one of {DATASETS}")  # fmt: skip
-    data_dir: str = setting("data", "dataset root: folders hold {train,val}/<class>/", resume=APPLIES)
+    data_dir: str = setting("data", "dataset root: folders hold {train,val}/<class>/", check=lambda v: "\0" not in v,
+                            must="a path (no NUL character)", resume=APPLIES)  # fmt: skip
     img_size: int = setting(32, "training resolution (px)", check=at_least(1), must="at least 1")
     num_frames: int = setting(8, "frames per clip (video datasets)", check=at_least(1), must="at least 1")
     train_samples: int = setting(4000, "training scenes or clips of the built-in synthetic data", check=at_least(1),
@@ -78,6 +82,8 @@ class Settings:
                                        "models of your own): dotted module names, or paths of .py files",
                                        resume=APPLIES)  # fmt: skip
     initial_checkpoint: str | None = setting(None, "start from these weights: a .safetensors, or a run's checkpoint.pt")
+    allow_transfer: bool = setting(False, "let --initial-checkpoint load weights that record another kind of model "
+                                   "(another position encoding or architecture): a deliberate transfer")  # fmt: skip
     pretrained: bool = setting(False, "start from the models' published weights")
     drop_path: float = setting(0.0, "stochastic depth rate", check=between(0, 1, closed=False), must="in [0, 1)",
                                recipe=True)  # fmt: skip
@@ -115,11 +121,13 @@ class Settings:
     ema_decay: float = setting(0.9998, "EMA decay per update", check=between(0, 1), must="in [0, 1]", recipe=True)
     # evaluation
     eval_sizes: tuple[int, ...] = setting((32,), "resolutions to evaluate every model at",
-                                          check=lambda v: len(v) and min(v) >= 1, must="sizes of at least 1",
-                                          resume=EVALUATES)  # fmt: skip
+                                          check=lambda v: len(v) and min(v) >= 1 and len(set(v)) == len(v),
+                                          must="sizes of at least 1, each given once", resume=EVALUATES)  # fmt: skip
     native_eval: bool = setting(True, "also evaluate the built-in data drawn natively at each size", resume=EVALUATES)
     rope_scaling: tuple[str, ...] = setting(("none",), f"RoPE extrapolation modes to evaluate, from "
-                                            f"{', '.join(SCALING_MODES)}", resume=EVALUATES)  # fmt: skip
+                                            f"{', '.join(SCALING_MODES)}", check=lambda v: len(set(v)) == len(v),
+                                            must="modes each given once (a mode twice would count as two seeds)",
+                                            resume=EVALUATES)  # fmt: skip
     eval_batch_size: int = setting(128, "evaluation batch size per process", check=at_least(1), must="at least 1",
                                    resume=APPLIES)  # fmt: skip
     eval_only: bool = setting(False, "evaluate --initial-checkpoint or --pretrained weights without training")
@@ -136,7 +144,8 @@ class Settings:
         resume=APPLIES,
     )  # fmt: skip  (a recipe's keys: resumed)
     # run
-    output: str = setting("runs/default", "folder of the run's outputs", resume=APPLIES)
+    output: str = setting("runs/default", "folder of the run's outputs", check=lambda v: "\0" not in v,
+                          must="a path (no NUL character)", resume=APPLIES)  # fmt: skip
     resume: bool = setting(False, "continue the run in --output from its last finished epochs", resume=APPLIES)
     overwrite: bool = setting(False, "start anew in an --output that holds a run: first delete that run's results, "
                               "log and config, and each of its runs' checkpoint.pt, model.safetensors and results.json "
@@ -172,8 +181,13 @@ class Settings:
         if not isinstance(overrides, dict | None):
             raise SystemExit(f"error: recipe {name!r} is {overrides!r}: give the keys it sets ({{}} for none)")
         overrides = overrides or {}
+        if not isinstance(overrides.get("model_kwargs") or {}, dict):
+            raise SystemExit(
+                f"error: recipe {name!r}: model_kwargs {short(overrides['model_kwargs'])}: give a mapping of model "
+                "kwargs (key: value lines)"
+            )
         allowed = [f.name for f in fields(self) if f.metadata["recipe"]]
-        other = sorted(set(overrides) - set(allowed))
+        other = sorted(map(str, set(overrides) - set(allowed)))
         if other:
             raise SystemExit(
                 f"error: recipe {name!r} sets {other}: a recipe sets only how models train ({', '.join(allowed)}); "
@@ -252,12 +266,18 @@ def checked(f: Any, value: Any) -> Any:
         converted = convert(value, f.type)
     except _Mismatch as e:
         raise SystemExit(
-            f"error: {flag} {value!r}: {f.name} must be {e.args[0] if e.args else describe(f.type)}"
+            f"error: {flag} {short(value)}: {f.name} must be {e.args[0] if e.args else describe(f.type)}"
         ) from None
     check = f.metadata["check"]
     if converted is not None and check is not None and not check(converted):
-        raise SystemExit(f"error: {flag} {value!r}: {f.name} must be {f.metadata['must']}")
+        raise SystemExit(f"error: {flag} {short(value)}: {f.name} must be {f.metadata['must']}")
     return converted
+
+
+def short(value: Any, limit: int = 160) -> str:
+    """``repr(value)``, cut to ``limit`` characters: an error line stays one readable line, whatever a file held."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 # ------------------------------------------------------------------------------------------ files and flags
@@ -268,25 +288,72 @@ class _UniqueKeys(yaml.SafeLoader):
         seen = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, str | int | float | bool | None):  # a list or mapping as a key: not a setting
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"a {type(key).__name__} as a key ({short(key, 60)})", key_node.start_mark
+                )
             if key in seen:
                 raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is given twice", key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep)
 
 
-def read_yaml(path: str | Path, what: str) -> dict:
-    """A YAML file of settings; a missing or malformed one (a key twice, a Python tag, ...) is one line naming the
-    file and the place."""
-    if not Path(path).is_file():
-        raise SystemExit(f"error: {what} {str(path)!r} not found")
-    loader = _UniqueKeys(Path(path).read_text())
+MAX_CONFIG_BYTES = 1 << 20  # a config is a page of settings; a larger file is not one
+MAX_NODES = 100_000  # values in a config with every alias expanded: aliases cannot make a small file huge
+
+
+def expanded_size(node: yaml.Node, sizes: dict[int, int], open_: set[int]) -> int:
+    """How many values ``node`` holds with every alias expanded; a YAMLError for a node that holds itself (an alias
+    of an anchor inside it) or for more than :data:`MAX_NODES`."""
+    if id(node) in sizes:
+        return sizes[id(node)]
+    if id(node) in open_:
+        raise yaml.YAMLError("an alias refers to a value that holds it (a recursive value is no setting)")
+    open_.add(id(node))
+    children = [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else (
+        node.value if isinstance(node, yaml.SequenceNode) else [])  # fmt: skip
+    size = 1 + sum(expanded_size(c, sizes, open_) for c in children)
+    open_.discard(id(node))
+    if size > MAX_NODES:
+        raise yaml.YAMLError(f"its aliases expand to more than {MAX_NODES} values")
+    sizes[id(node)] = size
+    return size
+
+
+def read_yaml(path: str | Path, what: str, own: bool = False) -> dict:
+    """A YAML file of settings; a missing or malformed one (a key twice, a Python tag, not UTF-8, recursive or
+    exploding aliases, ...) is one line naming the file and the place. ``own``: a file a run wrote (its config.yaml),
+    read only if it is a regular file and not a link."""
+    fix = "fix it there" if not own else "resume with the config.yaml the run wrote, or start anew in another --output"
+    if own:
+        data = read_own(Path(path), what, fix)
+        if data is None:
+            raise SystemExit(f"error: {what} {str(path)!r} not found")
+    else:
+        if not Path(path).is_file():  # (a FIFO or folder would block or fail to read)
+            raise SystemExit(f"error: {what} {str(path)!r} not found, or not a regular file")
+        with open(path, "rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)  # (a huge file is refused, not read whole)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise SystemExit(f"error: {what} {str(path)!r} is larger than {MAX_CONFIG_BYTES} bytes: not a config; {fix}")
     try:
-        loaded = loader.get_single_data() or {}
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SystemExit(
+            f"error: {what} {str(path)!r} is not UTF-8 text (byte {e.start}: {data[e.start : e.start + 1]!r}); save it "
+            f"as UTF-8, or {fix}"
+        ) from None
+    loader = _UniqueKeys(text)
+    try:
+        node = loader.get_single_node()
+        if node is not None:
+            expanded_size(node, {}, set())
+        loaded = (loader.construct_document(node) if node is not None else None) or {}
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise SystemExit(f"error: {what} {str(path)!r} is not valid YAML: {problem}{where}; fix it there") from None
+        raise SystemExit(f"error: {what} {str(path)!r} is not valid YAML: {problem}{where}; {fix}") from None
     finally:
         loader.dispose()
     if not isinstance(loaded, dict):
@@ -342,9 +409,9 @@ def parse(argv: list[str] | None, default_config: str | Path, description: str) 
     named = pre.parse_known_args(argv)[0].config
     path = named or str(default_config)
     loaded = read_yaml(path, "config file")
-    unknown = sorted(set(loaded) - set(NAMES))
+    unknown = sorted(map(str, set(loaded) - set(NAMES)))
     if unknown:
-        raise SystemExit(f"error: unknown config key(s) {unknown} in {path}; valid keys: {sorted(NAMES)}")
+        raise SystemExit(f"error: unknown config key(s) {short(unknown)} in {path}; valid keys: {sorted(NAMES)}")
     flags = vars(argument_parser(description, {**DEFAULTS, **loaded}, path).parse_args(argv))
     flags.pop("config")
     for k in DICTS:  # flags add to the file's mapping
@@ -357,22 +424,37 @@ def parse(argv: list[str] | None, default_config: str | Path, description: str) 
             )
     if "seed" in flags:  # --seed on the command line means that one seed
         flags["seeds"] = ()
+    named_in_file(loaded.get("imports"), flags.get("imports"), f"config file {path!r}")
+    flags["imports"] = flags.get("imports", ())  # code runs only where this command line names it, never a file
     given = {**(loaded if named else {}), **flags}
     return Settings(**{**DEFAULTS, **loaded, **flags}), given
+
+
+def named_in_file(in_file: Any, on_argv: Any, where: str) -> None:
+    """Modules a file names for ``--imports`` and this command line does not: one line. Nothing a run reads runs code
+    (a config received from someone else is data); the user imports a module by naming it in the command."""
+    missing = [m for m in (in_file or ()) if m not in (on_argv or ())] if isinstance(in_file, list | tuple) else in_file
+    if missing:
+        names = " ".join(map(str, missing)) if isinstance(missing, list) else short(missing)
+        raise SystemExit(
+            f"error: {where} names imports {short(missing)}, which are not imported: nothing read from a file runs "
+            f"code; if you trust them, name them on the command line (--imports {names})"
+        )
 
 
 def resumed(settings: Settings, given: dict) -> Settings:
     """With ``--resume`` and a run in ``--output``: its saved settings, with what the command line changes where that
     is allowed (the fields' ``resume``); a change that would mix two recipes in one table is one line."""
     saved_path = Path(settings.output) / "config.yaml"
-    if not settings.resume or not saved_path.is_file():
+    if not settings.resume or not (saved_path.exists() or saved_path.is_symlink()):
         return settings
-    values = read_yaml(saved_path, "the run's config")
-    unknown = sorted(set(values) - set(NAMES))
+    values = read_yaml(saved_path, "the run's config", own=True)
+    unknown = sorted(map(str, set(values) - set(NAMES)))
     if unknown:
         raise SystemExit(f"error: the run's config {str(saved_path)!r} has unknown key(s) {unknown}; resume it with "
                          "the train.py that made it, or start a new run in another --output")  # fmt: skip
     saved = Settings(**{**DEFAULTS, **values})
+    named_in_file(saved.imports, given.get("imports"), f"the run's config {str(saved_path)!r}")
     merged = {k: {**getattr(saved, k), **given[k]} for k in DICTS if k in given}
     new = replace(saved, **{**given, **merged, "resume": True, "output": settings.output, "overwrite": False})
     refused = [

@@ -3,20 +3,36 @@
 Nothing loaded runs code: weights come from safetensors, or from ``torch.load(weights_only=True)``, which reads
 tensors and plain data and refuses any other pickled object before it is built. A file that cannot be read, or that
 holds another model's weights, is one line naming the file and what to do.
+
+What a run saves says what it is: a *record* of plain strings (the model's name, its kind: class and position
+encoding, and its arguments) in ``model.safetensors``'s metadata and in ``checkpoint.pt``. Weights load only into a
+model of the kind they record (``--allow-transfer`` lets ``--initial-checkpoint`` cross kinds on purpose); a file
+without a record (timm's, another tool's) is matched by its weights' names and shapes alone. Every field read back is
+checked for its type and range before it is used: a file a run did not write in this process is data, never trusted.
 """
 
+import io
+import json
+import math
 import pickle
+import random
 from pathlib import Path
 
+import numpy as np
 import timm
 import torch
 from torch import nn
 
 from ..checkpoint import checkpoint_filter_fn, inflate_image_checkpoint, unwrap_state_dict
+from .folder import read_own
 
-__all__ = ["load_initial_weights", "read_checkpoint", "resume_remedy", "timm_checkpoint_filter", "trained_epochs"]
+__all__ = ["check_record", "load_initial_weights", "model_record", "read_checkpoint", "read_record", "resume_remedy",
+           "timm_checkpoint_filter", "trained_epochs"]  # fmt: skip
 
 STATE_KEYS = ("model", "optimizer", "model_ema", "epoch", "rng")  # a checkpoint.pt's resume state
+RECORD = "vit_rope.record"  # the metadata key of model.safetensors (checkpoint.pt: "record")
+RECORD_FIELDS = ("model", "kind", "model_args")
+MAX_EPOCHS = 10**6  # an epoch count past this is no run's
 
 
 def why_unreadable(e: BaseException) -> str:
@@ -28,16 +44,148 @@ def why_unreadable(e: BaseException) -> str:
     return f"{type(e).__name__}: {first[:160]}"
 
 
-def read_checkpoint(path: Path, remedy: str, mmap: bool = False) -> dict:
-    """A run's checkpoint.pt (its tensors mapped, not read, with ``mmap``); one line where it cannot be read as one."""
+# ------------------------------------------------------------------------------------------------- records
+def model_kind(model: nn.Module) -> str:
+    """What kind of model this is, as a record names it: for ours, the position encoding (weights of one encoding
+    have the names and shapes of another's: RoPE's and LookHere's, say; an image model's weights inflate into the
+    video model of its encoding); for any other, its class."""
+    pos_embed = getattr(model, "pos_embed_type", None)
+    if type(model).__module__.startswith("vit_rope.") and isinstance(pos_embed, str):
+        return f"vit_rope ViT, pos_embed={pos_embed}"
+    return f"{type(model).__module__}.{type(model).__qualname__}"
+
+
+def model_record(model: nn.Module, name: str, kwargs: dict) -> dict[str, str]:
+    """The record a run saves with a model's weights: plain strings only (safetensors metadata takes nothing else,
+    and ``weights_only`` loading reads them back without unpickling anything)."""
+    return dict(model=name, kind=model_kind(model), model_args=json.dumps(kwargs, sort_keys=True, default=str))
+
+
+def check_record_fields(record: object, where: str) -> dict[str, str] | None:
+    """A record read from a file, checked: a mapping of the record's fields to strings (None: no record)."""
+    if record is None:
+        return None
+    if not isinstance(record, dict) or any(not isinstance(record.get(k), str) for k in RECORD_FIELDS):
+        raise SystemExit(
+            f"error: {where} holds a damaged model record ({str(record)[:120]}): each of {list(RECORD_FIELDS)} must be "
+            "a string; use the file as the run wrote it"
+        )
+    return {k: record[k] for k in RECORD_FIELDS}
+
+
+def read_record(path: str | Path) -> dict[str, str] | None:
+    """The record of a weights file: model.safetensors's metadata, or a torch file's ``record`` (None for a file
+    without one, or one that cannot be read: the loader then says why)."""
+    path = str(path)
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+        if path.endswith(".safetensors"):
+            from safetensors import safe_open
+
+            with safe_open(path, "pt") as f:
+                text = (f.metadata() or {}).get(RECORD)
+            if text is None:
+                return None
+            try:
+                record = json.loads(text)
+            except ValueError:
+                record = text
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            record = state.get("record") if isinstance(state, dict) else None
+    except Exception:  # unreadable: the loader's own error names the file
+        return None
+    return check_record_fields(record, path)
+
+
+def check_record(record: dict[str, str] | None, model: nn.Module, name: str, where: str, fix: str) -> None:
+    """Weights that record another kind of model than ``model`` (``name``): one line naming both."""
+    if record is None or record["kind"] == model_kind(model):
+        return
+    raise SystemExit(
+        f"error: {where} holds the weights of {record['model']} ({record['kind']}), not of a {name} "
+        f"({model_kind(model)}): their weights share names and shapes, but mean other things; {fix}"
+    )
+
+
+# ------------------------------------------------------------------------------------------- resume state
+def read_checkpoint(path: Path, remedy: str) -> dict:
+    """A run's checkpoint.pt, every field checked for its type and range (:func:`check_state`); one line where it
+    cannot be read as one. It is opened as a regular file, never through a link."""
+    data = read_own(path, "the checkpoint", remedy)
+    if data is None:
+        raise SystemExit(f"error: {path} is gone; {remedy}")
+    try:
+        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as e:  # anything a garbled, truncated or foreign file makes torch.load raise
         raise SystemExit(f"error: {path} cannot be read as a checkpoint ({why_unreadable(e)}); {remedy}") from None
     missing = [k for k in STATE_KEYS if not isinstance(state, dict) or k not in state]
     if missing:
         raise SystemExit(f"error: {path} is not a train.py checkpoint (it lacks {missing}); {remedy}")
+    problem = state_problem(state)
+    if problem:
+        raise SystemExit(f"error: {path} is damaged or forged: {problem}; {remedy}")
+    check_record_fields(state.get("record"), str(path))
     return state
+
+
+def is_weights(value: object) -> bool:
+    return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in value.items())
+
+
+def state_problem(state: dict) -> str:
+    """What is wrong with the fields of a resume state ('' if nothing): their types and ranges, each checked."""
+    epoch = state["epoch"]
+    if type(epoch) is not int or not 0 <= epoch < MAX_EPOCHS:
+        return f"epoch {str(epoch)[:40]!r} is not a whole number in [0, {MAX_EPOCHS})"
+    if not is_weights(state["model"]):
+        return "its model is not a mapping of weight names to tensors"
+    if state["model_ema"] is not None and not is_weights(state["model_ema"]):
+        return "its model_ema is neither empty (None) nor a mapping of weight names to tensors"
+    optimizer = state["optimizer"]
+    if not (isinstance(optimizer, dict) and isinstance(optimizer.get("state"), dict)
+            and isinstance(optimizer.get("param_groups"), list)):  # fmt: skip
+        return "its optimizer is not an optimizer's state (a mapping with 'state' and 'param_groups')"
+    for group in optimizer["param_groups"]:
+        if not isinstance(group, dict) or not isinstance(group.get("params"), list):
+            return "an optimizer parameter group is not a mapping with its 'params'"
+        bad = [k for k, v in group.items() if isinstance(v, float) and not math.isfinite(v)]
+        if bad:
+            return f"the optimizer's {bad[0]} is {group[bad[0]]}"
+    rng = state["rng"]
+    if not isinstance(rng, list) or not rng or len(rng) > 1 << 16:
+        return "its random-number states are not a list of one per process"
+    for i, one in enumerate(rng):
+        problem = rng_problem(one)
+        if problem:
+            return f"the random-number state of process {i} {problem}"
+    return ""
+
+
+def rng_problem(state: object) -> str:
+    """What is wrong with one process's saved generators ('' if nothing): tried on the generators themselves, which
+    are put back as they were, so that only a state they take is ever resumed from."""
+    from .rng import set_rng_state
+
+    if not isinstance(state, dict) or not {"torch", "cuda", "python", "numpy"} <= set(state):
+        return "is not a mapping of the torch, cuda, python and numpy generators"
+    if not isinstance(state["torch"], torch.Tensor) or state["torch"].dtype != torch.uint8:
+        return "has no torch generator state (a uint8 tensor)"
+    cuda = state["cuda"]
+    if cuda is not None and not (isinstance(cuda, list) and all(isinstance(t, torch.Tensor) for t in cuda)):
+        return "has a cuda state that is not a list of tensors"
+    numpy = state["numpy"]
+    if not (isinstance(numpy, tuple) and len(numpy) == 5 and isinstance(numpy[1], torch.Tensor)):
+        return "has a numpy state that is not numpy's five fields"
+    saved = torch.get_rng_state(), random.getstate(), np.random.get_state()
+    try:
+        set_rng_state({**state, "cuda": None})
+    except (TypeError, ValueError, RuntimeError, IndexError, OverflowError) as e:
+        return f"is not one the generators take ({why_unreadable(e)})"
+    finally:
+        torch.set_rng_state(saved[0])
+        random.setstate(saved[1])
+        np.random.set_state(saved[2])
+    return ""
 
 
 def resume_remedy(path: Path) -> str:
@@ -49,15 +197,17 @@ def resume_remedy(path: Path) -> str:
 
 def trained_epochs(path: Path) -> int:
     """How many epochs a run's checkpoint.pt has finished (0 without one)."""
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         return 0
-    return read_checkpoint(path, resume_remedy(path), mmap=True)["epoch"] + 1
+    return read_checkpoint(path, resume_remedy(path))["epoch"] + 1
 
 
-def load_initial_weights(model: nn.Module, path: str, video: bool, spec: str) -> None:
+# -------------------------------------------------------------------------------------------- initial weights
+def load_initial_weights(model: nn.Module, path: str, video: bool, spec: str, allow_transfer: bool = False) -> None:
     """``--initial-checkpoint`` into ``model``: a .safetensors, or any torch file of tensors (a run's checkpoint.pt
     gives its EMA weights if it has them, else its model's); ours rename and resample timm's keys, timm's own models
-    take their own weights as saved."""
+    take their own weights as saved. Weights that record another kind of model are refused unless
+    ``allow_transfer``."""
     filter_fn = inflate_image_checkpoint if video else checkpoint_filter_fn
     if not type(model).__module__.startswith("vit_rope."):
         filter_fn = timm_checkpoint_filter
@@ -71,6 +221,12 @@ def load_initial_weights(model: nn.Module, path: str, video: bool, spec: str) ->
             ".safetensors file or a torch file of tensors and plain data (a run's model.safetensors, next to its "
             "checkpoint.pt, holds the weights it evaluated)"
         ) from None
+    if not allow_transfer:  # (after the load: weights that do not fit are named as such first)
+        fix = (
+            "point --initial-checkpoint at weights of this kind of model, or pass --allow-transfer to load them "
+            "on purpose"
+        )
+        check_record(read_record(path), model, spec, f"--initial-checkpoint {path!r}", fix)
 
 
 def timm_checkpoint_filter(state_dict: dict, model: nn.Module) -> dict:

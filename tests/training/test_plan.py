@@ -1,22 +1,16 @@
-"""The resolution benchmark's harness: seeds and recipes (multi-resolution training, coordinate augmentation) end to
-end and on --resume, timm's own models, MNIST-style IDX files read where they lie, and the figures."""
+"""The runs of a config (vit_rope/training/plan.py, through train.py): seeds and recipes (multi-resolution training,
+coordinate augmentation) end to end and on --resume, and timm's own models in the comparison."""
 
-import gzip
 import statistics
-import struct
-from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import yaml
 
 import train
 from tests.test_train import Killed, interrupt, make_imagefolder, read_csv, same_run
-from vit_rope.training import data as D
-from vit_rope.training import models, plan, report
+from vit_rope.training import models, plan
 from vit_rope.training.folder import run_folder
-from vit_rope.training.idx import IdxImages, read_idx
 
 KWARGS = ["--model-kwargs", "patch_size=8", "depth=1", "embed_dim=32", "num_heads=2"]
 SMALL = [
@@ -207,153 +201,3 @@ def test_a_timm_model_that_takes_one_size_is_refused_before_training(tmp_path):
     with pytest.raises(SystemExit, match=r"refuses 8-px input .*create it with dynamic_img_size=True"):
         train.main(["--models", "deit3_small_patch16_224", *SMALL, "--output", str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()
-
-
-# ------------------------------------------------------------------------------------------------- IDX files
-def write_idx(path: Path, array: np.ndarray) -> None:
-    """An IDX file of ``array`` (gzipped where the name ends in .gz), written from the format's description."""
-    code = {np.dtype("uint8"): 0x08, np.dtype("int32"): 0x0C, np.dtype("float32"): 0x0D}[array.dtype]
-    header = bytes([0, 0, code, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
-    payload = header + array.astype(array.dtype.newbyteorder(">")).tobytes()
-    path.write_bytes(gzip.compress(payload) if path.suffix == ".gz" else payload)
-
-
-@pytest.mark.parametrize("suffix", ["", ".gz"])
-def test_idx_files_round_trip(tmp_path, suffix):
-    g = np.random.default_rng(0)
-    for array in (g.integers(0, 256, (5, 7, 3), dtype=np.uint8), g.integers(-(2**20), 2**20, (4, 2), dtype=np.int32),
-                  g.standard_normal(6).astype(np.float32)):  # fmt: skip
-        path = tmp_path / f"a-{array.dtype}{suffix}"
-        write_idx(path, array)
-        back = read_idx(str(path))
-        assert back.dtype == array.dtype and np.array_equal(back, array)
-
-
-def test_idx_reader_refuses_damaged_files(tmp_path):
-    images = np.arange(2 * 4 * 4, dtype=np.uint8).reshape(2, 4, 4)
-    write_idx(tmp_path / "ok", images)
-    data = (tmp_path / "ok").read_bytes()
-    (tmp_path / "short").write_bytes(data[:-5])
-    with pytest.raises(ValueError, match=r"short' is truncated or damaged: its header promises 32 bytes .* holds 27"):
-        read_idx(str(tmp_path / "short"))
-    (tmp_path / "magic").write_bytes(b"\x00\x01" + data[2:])
-    with pytest.raises(ValueError, match="magic' is not an IDX file: it starts with 00010803"):
-        read_idx(str(tmp_path / "magic"))
-    (tmp_path / "header").write_bytes(data[:9])
-    with pytest.raises(ValueError, match="ends inside its header"):
-        read_idx(str(tmp_path / "header"))
-    (tmp_path / "cut.gz").write_bytes(gzip.compress(data)[:-12])
-    with pytest.raises(ValueError, match="cut.gz' is a damaged gzip file"):
-        read_idx(str(tmp_path / "cut.gz"))
-
-
-def fashion_args(root: Path) -> list[str]:
-    return ["--dataset", "fashion_mnist", "--data-dir", str(root), "--img-size", "28"]
-
-
-def test_fashion_mnist_reads_its_idx_files_where_they_lie(tmp_path, monkeypatch):
-    """The four files in --data-dir (gzipped or not) are read in place: torchvision (which would download) is never
-    asked; --train-subset and --val-subset keep fixed parts."""
-    import torchvision.datasets as tvd
-
-    g = np.random.default_rng(1)
-    splits = {split: (g.integers(0, 256, (n, 28, 28), dtype=np.uint8), g.integers(0, 10, n, dtype=np.uint8))
-              for split, n in (("train", 12), ("t10k", 6))}  # fmt: skip
-    for split, (images, labels) in splits.items():
-        write_idx(tmp_path / f"{split}-images-idx3-ubyte.gz", images)
-        write_idx(tmp_path / f"{split}-labels-idx1-ubyte{'' if split == 'train' else '.gz'}", labels)
-    monkeypatch.setattr(tvd.FashionMNIST, "__init__", lambda *a, **k: pytest.fail("torchvision was asked"))
-    cfg, _ = train.parse_config(fashion_args(tmp_path))
-    dc = dict(mean=(0.0,) * 3, std=(1.0,) * 3)
-    train_ds, eval_set, num_classes = D.build_data(cfg, dc)
-    assert num_classes == 10 and len(train_ds) == 12
-    val = eval_set(28, "resize")
-    for i in range(6):
-        x, y = val[i]
-        assert y == splits["t10k"][1][i] and x.shape == (3, 28, 28)
-        torch.testing.assert_close(x[1] * 255, torch.from_numpy(splits["t10k"][0][i]).float(), atol=1e-3, rtol=0)
-    assert eval_set(56, "resize")[0][0].shape == (3, 56, 56)
-    subset, _ = train.parse_config([*fashion_args(tmp_path), "--train-subset", "5", "--val-subset", "4"])
-    train_ds, eval_set, _ = D.build_data(subset, dc)
-    assert len(train_ds) == 5 and len(eval_set(28, "resize")) == 4
-    labels = [[eval_set(size, "resize")[i][1] for i in range(4)] for size in (20, 28)]
-    assert labels[0] == labels[1]  # the same images at every size
-    (tmp_path / "t10k-labels-idx1-ubyte.gz").unlink()
-    write_idx(tmp_path / "t10k-labels-idx1-ubyte", splits["t10k"][1][:5])
-    with pytest.raises(ValueError, match=r"holds images \(6, 28, 28\) .* labels \(5,\)"):
-        D.build_data(cfg, dc)
-
-
-FASHION = Path("/usr/share/datasets/fashion-mnist")
-
-
-@pytest.mark.skipif(not (FASHION / "t10k-images-idx3-ubyte.gz").exists(), reason="dataset-fashion-mnist not installed")
-def test_the_installed_fashion_mnist_reads_in_place():
-    test = IdxImages(str(FASHION), False, ["class"] * 10)
-    assert len(test) == 10_000 and test.images.shape == (10_000, 28, 28)
-    assert sorted(set(test.labels.tolist())) == list(range(10))
-
-
-# --------------------------------------------------------------------------------------------------- figures
-def benchmark_rows() -> list[dict]:
-    """Rows shaped as the Fashion-MNIST benchmark's: 8 models, 2 recipes, 3 seeds, the modes each takes."""
-    g = np.random.default_rng(0)
-    every, some = ["none", "pi", "ntk", "yarn", "normalized"], ["none", "pi", "normalized"]
-    models = {"vit_ape_tiny": ["-"], "vit_rope_tiny": every, "vit_rope_mixed_tiny": some, "vit_comrope_tiny": some,
-              "vit_liere_tiny": ["none", "pi"], "vit_string_tiny": some, "vit_spiral_tiny": every,
-              "vit_lookhere_tiny": ["none"]}  # fmt: skip
-    return [
-        dict(model=m, recipe=recipe, seed=seed, train_size=28, eval_size=size, protocol="resize", rope_scaling=mode,
-             top1=round(float(g.uniform(10, 90)), 2), top5=99.0, loss=1.0, params=210_000)
-        for seed in range(3) for recipe in ("single-res", "multi-res") for m, modes in models.items()
-        for size in (16, 20, 24, 28, 32, 40, 48, 56) for mode in modes
-    ]  # fmt: skip
-
-
-def test_both_figures_are_written_with_the_legend_inside(tmp_path):
-    rows = benchmark_rows()
-    report.write_results(rows, tmp_path, 28, "fashion_mnist")
-    for name in ("accuracy_vs_resolution.png", "extrapolation.png"):
-        assert (tmp_path / name).stat().st_size > 10_000
-    summary = report.summarise(rows)
-    for make in (report.accuracy_figure, report.extrapolation_figure):
-        fig = make(summary, 28, "fashion_mnist")
-        fig.canvas.draw()
-        renderer = fig.canvas.get_renderer()
-        (legend,) = fig.legends
-        box, page = legend.get_window_extent(renderer), fig.bbox
-        assert page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0 and box.y1 <= page.y1, (make, box, page)
-        assert not any(ax.get_window_extent(renderer).overlaps(box) for ax in fig.axes)
-        assert len(legend.get_texts()) == 8 * 2 + 5  # a colour per (model, recipe), a style per scaling mode
-        report.pyplot().close(fig)
-    text = (tmp_path / "results.md").read_text()
-    cell = [r["top1"] for r in rows if (r["model"], r["recipe"], r["eval_size"], r["rope_scaling"])
-            == ("vit_liere_tiny", "multi-res", 56, "pi")]  # fmt: skip
-    line = next(s for s in text.splitlines() if s.startswith("| vit_liere_tiny | multi-res | pi | 0.21M | 3 |"))
-    assert line.endswith(f" {statistics.fmean(cell):.1f} ± {statistics.stdev(cell):.1f} |")
-
-
-def test_extrapolation_axes_name_the_sizes_that_stand_in(tmp_path):
-    rows = [r for r in benchmark_rows() if r["eval_size"] in (20, 28, 48)]
-    fig = report.extrapolation_figure(report.summarise(rows), 28, "fashion_mnist")
-    labels = [ax.get_ylabel() for ax in fig.axes]
-    assert labels == ["top-1 (%) at 20 px (0.5x the training size, the nearest evaluated to 14 px)",
-                      "top-1 (%) at 48 px (2x the training size, the nearest evaluated to 56 px)"]  # fmt: skip
-    assert fig.axes[0].get_xlabel() == "top-1 (%) at 28 px (the training size)"
-    report.pyplot().close(fig)
-
-
-def test_headline_names_each_models_best_mode_at_twice_the_training_size():
-    rows = benchmark_rows()
-    for r in rows:
-        if (r["model"], r["recipe"], r["rope_scaling"], r["eval_size"]) == ("vit_rope_tiny", "multi-res", "yarn", 56):
-            r["top1"] = 99.0 + r["seed"] * 0.5
-    text = report.headline_table(report.summarise(rows), 28)
-    assert "| model | recipe | best scaling at 2x | 16 px | 28 px | 56 px | 56 / 28 |" in text
-    lines = [s for s in text.splitlines() if s.startswith("| vit_")]
-    assert len(lines) == 8 * 2  # a row per (model, recipe)
-    line = next(s for s in lines if s.startswith("| vit_rope_tiny | multi-res |"))
-    at_28 = statistics.fmean(r["top1"] for r in rows if (r["model"], r["recipe"], r["rope_scaling"], r["eval_size"])
-                             == ("vit_rope_tiny", "multi-res", "yarn", 28))  # fmt: skip
-    assert line.startswith("| vit_rope_tiny | multi-res | yarn |")
-    assert line.endswith(f"| 99.5 ± 0.5 | {99.5 / at_28:.2f} |")
