@@ -15,7 +15,7 @@ machine adds stays visible, and the ratio of the fastest calls ("best"). Section
   (the same trunk with APE) and timm's RoPE ViT-S: inference forward and train step (forward, backward, AdamW);
 * attention's eager fast path (q and k turned as complex numbers) against the reference apply, same weights;
 * every family's ViT-S against axial RoPE (inference forward and the train step);
-* what building each family's table costs against a forward (the cost the reuse of the last table saves);
+* what building each family's table costs against a forward (every forward builds its table);
 * activation memory of a train step (the bytes autograd saves for backward), RoPE against APE;
 * a 3D video model against the image model at equal token counts.
 
@@ -205,8 +205,8 @@ def families_against_axial(setup: Setup, batch: int, repeats: int, families: lis
 
 
 def table_cost(setup: Setup, batch: int, repeats: int, families: list[str], size: int = 224) -> None:
-    """What reusing the last table saves: building each family's ViT-S table (every layer's) against one inference
-    forward of the model, which reuses it."""
+    """What building each family's ViT-S table (every layer's) costs against one inference forward of the model,
+    which builds it once."""
     x = torch.randn(batch, 3, size, size, device=setup.device)
     for family in families:
         model = setup.model("vit_rope_small", img_size=size, pos_embed=family).eval()

@@ -102,7 +102,6 @@ class PositionEncoding(nn.Module):
         options = {k: v for k, v in options.items() if v is not None}
         self.family = create_family(family, dim, axes, num_heads=num_heads, depth=depth, ref_grid=ref_grid, **options)
         self.set_scaling(scaling, scale)
-        self._last: tuple[tuple, Table] | None = None  # the last table and what it was built from (_reusable)
 
     # ------------------------------------------------------------------------------------------------ config
     @property
@@ -172,8 +171,8 @@ class PositionEncoding(nn.Module):
     ) -> Table:
         """The table of a grid (row-major tokens) or of explicit ``positions ([B,] N, axes)``, prefix tokens first;
         ``tokens (B, K)``: the grid tokens each sample kept after token dropping (they keep their positions). Built per
-        call, or the last one reused where nothing it was built from has changed; computed in float64 and kept in
-        float32, or float64 for ``dtype`` float64."""
+        call (a small fraction of a forward, docs/speed.md), computed in float64 and kept in float32, or float64 for
+        ``dtype`` float64."""
         if (grid is None) == (positions is None):
             raise ValueError("pass exactly one of grid=(sizes per axis) or positions=(N, axes) coordinates")
         if grid is not None:
@@ -191,13 +190,7 @@ class PositionEncoding(nn.Module):
             raise ValueError("tokens picks tokens of a grid: pass grid with it (explicit positions need none)")
         device = torch.device(device) if device is not None else positions.device if grid is None else None
         device = device or torch.device("cpu")
-        dtype = torch.float64 if dtype == torch.float64 else torch.float32
-        key = self._reusable(grid, positions, device, dtype)
-        if key is not None and self._last is not None and self._last[0] == key:
-            table = self._last[1]
-        else:
-            table = self._build(grid, positions, device, dtype)
-            self._last = None if key is None else (key, table)
+        table = self._build(grid, positions, device, torch.float64 if dtype == torch.float64 else torch.float32)
         p = self.num_prefix_tokens
         if tokens is None:
             return table
@@ -217,27 +210,6 @@ class PositionEncoding(nn.Module):
                 centre = coords.mean(dim=-2, keepdim=True).expand(*coords.shape[:-2], p, -1)
                 coords, build = torch.cat((centre, coords), dim=-2), replace(build, prefix=0)
             return family.encode(coords, scaling, build)
-
-    def _reusable(self, grid, positions, device, dtype) -> tuple | None:
-        """What the last table was built from, where the next call may reuse it (the last table of a grid, without
-        gradients to keep, augmentation or tracing): a learned family's table costs up to a tenth of a ViT-S forward
-        to build (docs/speed.md). The parameters' versions are in it; the module's train() and loads forget the
-        table too, since a fused optimizer step or an edit through .data moves no version."""
-        learned = list(self.family.parameters())
-        if positions is not None or self.augment or torch.compiler.is_compiling():
-            return None
-        if torch.is_grad_enabled() and any(p.requires_grad for p in learned):
-            return None
-        state = (self.scaling, self.scale, self.ref_grid, torch.is_inference_mode_enabled())
-        return (tuple(grid), device, dtype, state, tuple((id(p), p._version) for p in learned))
-
-    def train(self, mode: bool = True) -> "PositionEncoding":
-        self._last = None
-        return super().train(mode)
-
-    def _load_from_state_dict(self, *args, **kwargs) -> None:
-        self._last = None
-        super()._load_from_state_dict(*args, **kwargs)
 
 
 class RotaryEmbedding(PositionEncoding):
