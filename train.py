@@ -59,6 +59,7 @@ from vit_rope.training.folder import (
     write_json,
 )
 from vit_rope.training.models import build_model, check_input_sizes, data_config, import_modules, scaling_modes
+from vit_rope.training.naflex import batch_to, images_in, loss_scale, naflex_loader
 from vit_rope.training.plan import Run, plan_runs
 from vit_rope.training.report import write_results
 from vit_rope.training.rng import all_rng_states, restore_rng_state, seed_everything
@@ -166,8 +167,8 @@ def preflight(plan: list[Run]) -> dict[str, tuple[Data, list[str]]]:
 def check_batches(run: Run, data: Data) -> None:
     """timm's mixup and cutmix pair each sample with another of its batch: every training batch must be even."""
     settings, world = run.settings, rank_world()[1]
-    if not (settings.mixup > 0 or settings.cutmix > 0) or data.train is None:
-        return
+    if not (settings.mixup > 0 or settings.cutmix > 0) or data.train is None or settings.naflex:
+        return  # (timm's NaFlex mixup pairs a batch with its reverse: any size)
     per_rank = len(data.train) // world
     odd = [n for n in (settings.batch_size, per_rank if per_rank < settings.batch_size else 0) if n % 2]
     if odd:
@@ -288,6 +289,11 @@ def checked_model(run: Run, data: Data) -> tuple[list[str], torch.nn.Module]:
     settings, spec, where = run.settings, run.spec, f" (recipe {run.recipe})" if run.recipe else ""
     model = build_model(settings, spec, num_classes=data.num_classes).eval()
     check_input_sizes(settings, spec, model, where)
+    if (settings.naflex or settings.eval_seq_lens) and not callable(getattr(model, "get_patch_size", None)):
+        raise SystemExit(
+            f"error: model {spec}{where} has no get_patch_size(): --naflex and --eval-seq-lens need a model that takes "
+            "timm's NaFlex batches (this package's ViTs, timm's naflexvit_*)"
+        )
     sample = data.eval_set(settings.img_size, "resize")[0][0][None]
     try:
         with torch.no_grad():
@@ -349,6 +355,16 @@ def image_sizes_of_batches(settings: Settings, epoch: int, steps: int) -> list[i
     g = torch.Generator().manual_seed(settings.seed * 100_003 + epoch + 2**62)  # another stream than the order's
     picks = torch.randint(len(settings.train_sizes), (steps,), generator=g).tolist()
     return [settings.train_sizes[i] for i in picks]
+
+
+def train_loader(run: Run, data: Data, model: torch.nn.Module, epoch: int) -> DataLoader:
+    """An epoch's training batches: ``make_loader``'s, or timm's NaFlex loader's under --naflex."""
+    settings = run.settings
+    if not settings.naflex:
+        return make_loader(data.train, settings, True, epoch)
+    dc = data_config(settings, run.spec)
+    return naflex_loader(data.train, settings, dc, model.get_patch_size(), train=True, epoch=epoch,
+                         num_classes=data.num_classes)  # fmt: skip
 
 
 def resize_batch(x: torch.Tensor, size: int) -> torch.Tensor:
@@ -425,12 +441,13 @@ def train_one_epoch(model, ddp, loader, training: Training, run: Run, epoch: int
     loss_sum = correct = seen = 0.0
     sizes = image_sizes_of_batches(settings, epoch, len(loader))
     for step, (x, y) in enumerate(bar):
-        x, y = x.to(device), y.to(device)
+        x, y = batch_to(x, device), y.to(device)
         if sizes:
             x = resize_batch(x, sizes[step])
         target = y
-        if training.mixup is not None:
+        if training.mixup is not None and not settings.naflex:  # (a NaFlex loader mixes its batches itself)
             x, target = training.mixup(x, y)
+        y = y.argmax(-1) if y.ndim == 2 else y  # mixed soft targets: the larger label counts for accuracy
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=settings.amp):
             logits = ddp(x)
             loss = training.criterion(logits.float(), target)
@@ -438,16 +455,16 @@ def train_one_epoch(model, ddp, loader, training: Training, run: Run, epoch: int
             stop(run.tag, f"the loss became {loss.item()} at epoch {epoch + 1}, step {step + 1}",
                  run.folder / "checkpoint.pt")  # fmt: skip
         training.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        (loss * loss_scale(images_in(x), settings, device) if settings.naflex else loss).backward()
         if settings.clip_grad:
             torch.nn.utils.clip_grad_norm_(model.parameters(), settings.clip_grad)
         training.optimizer.step()
         training.scheduler.step_update(epoch * training.steps + step + 1)
         if training.ema is not None:
             training.ema.update(model)
-        loss_sum += loss.item() * x.shape[0]
+        loss_sum += loss.item() * images_in(x)
         correct += (logits.argmax(-1) == y).sum().item()
-        seen += x.shape[0]
+        seen += images_in(x)
         bar.set_postfix(loss=f"{loss_sum / seen:.3f}", acc=f"{100 * correct / seen:.1f}")
     loss_sum, correct, seen = all_sum([loss_sum, correct, seen], device)
     return loss_sum / seen, 100 * correct / seen
@@ -459,14 +476,14 @@ def validate(model: torch.nn.Module, loader, device, amp: bool) -> dict:
     model.eval()
     loss_sum = top1 = top5 = count = 0.0
     for x, y in loader:
-        x, y = x.to(device), y.to(device)
+        x, y = batch_to(x, device), y.to(device)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
             out = model(x)
         loss_sum += F.cross_entropy(out.float(), y, reduction="sum").item()
         a1, a5 = accuracy(out, y, topk=(1, min(5, out.shape[1])))
-        top1 += a1.item() * x.shape[0] / 100
-        top5 += a5.item() * x.shape[0] / 100
-        count += x.shape[0]
+        top1 += a1.item() * len(y) / 100
+        top5 += a5.item() * len(y) / 100
+        count += len(y)
     loss_sum, top1, top5, count = all_sum([loss_sum, top1, top5, count], device)
     return dict(loss=loss_sum / max(count, 1), top1=100 * top1 / max(count, 1), top5=100 * top5 / max(count, 1))
 
@@ -504,6 +521,8 @@ def train_model(run: Run, data: Data, device: torch.device) -> torch.nn.Module:
     ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
     seed_everything(settings.seed + rank)  # same weights on every rank (DDP syncs them), own dropout/mixup draws
     steps = max(len(data.train) // world // settings.batch_size, 1)
+    if settings.naflex:  # timm's schedule: the same number of batches every epoch
+        steps = len(train_loader(run, data, model, 0))
     training = make_training(settings, model, data.num_classes, steps)
     checkpoint, start = run.folder / "checkpoint.pt", 0
     if settings.resume and (checkpoint.exists() or checkpoint.is_symlink()):
@@ -514,7 +533,7 @@ def train_model(run: Run, data: Data, device: torch.device) -> torch.nn.Module:
         drop_log_rows(out / "log.csv", run.tag, after=start)
     for epoch in range(start, settings.epochs):
         t0 = time.time()
-        loader = make_loader(data.train, settings, True, epoch)
+        loader = train_loader(run, data, model, epoch)
         train_loss, train_top1 = train_one_epoch(model, ddp, loader, training, run, epoch, device)
         broken = [n for n, p in model.named_parameters() if not torch.isfinite(p).all()]
         if broken:
@@ -566,7 +585,11 @@ def log_epoch(out: Path, run: Run, row: dict) -> None:
 def eval_jobs(settings: Settings, modes: list[str]) -> list[tuple[str, int, str]]:
     """(protocol, eval size, scaling mode) of every result row of one model, in order."""
     native = settings.native_eval and settings.dataset in ("synthetic", "synthetic_video")
-    return [(p, s, m) for p in ["resize"] + ["native"] * native for s in settings.eval_sizes for m in modes]
+    jobs = [(p, s, m) for p in ["resize"] + ["native"] * native for s in settings.eval_sizes for m in modes]
+    # n: tokens an image; NTK and YaRN rescale one frequency ladder for a whole batch, and the images of a NaFlex
+    # batch each ask their own scale: the modes of coordinates (per image) alone
+    per_image = [m for m in modes if m not in ("ntk", "yarn")]
+    return jobs + [("naflex", n, m) for n in settings.eval_seq_lens for m in per_image]
 
 
 def evaluate_resolutions(run: Run, model, data: Data, modes: list[str], device) -> list[dict]:
@@ -577,7 +600,13 @@ def evaluate_resolutions(run: Run, model, data: Data, modes: list[str], device) 
     for protocol, size, mode in tqdm(eval_jobs(settings, modes), **bar):
         if mode != "-":
             model.set_rope_scaling(mode)
-        r = validate(model, make_loader(data.eval_set(size, protocol), settings, False, 0), device, settings.amp)
+        if protocol == "naflex":  # each image at its own aspect ratio within a budget of `size` tokens
+            dc = data_config(settings, run.spec)
+            loader = naflex_loader(data.eval_set(size, protocol), settings, dc, model.get_patch_size(), train=False,
+                                   budget=size)  # fmt: skip
+        else:
+            loader = make_loader(data.eval_set(size, protocol), settings, False, 0)
+        r = validate(model, loader, device, settings.amp)
         rows.append(
             dict(model=run.model, recipe=run.recipe, seed=run.seed, train_size=settings.img_size, eval_size=size,
                  protocol=protocol, rope_scaling=mode, top1=round(r["top1"], 2), top5=round(r["top5"], 2),

@@ -120,7 +120,8 @@ class Setup:
         model.train()
         run_model = torch.compile(model) if self.compile else model
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        y = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
+        images = x["patches"] if isinstance(x, dict) else x  # a NaFlex batch (bench/naflex.py) or images
+        y = torch.zeros(images.shape[0], dtype=torch.long, device=images.device)
 
         def run():
             with self.autocast():

@@ -1,6 +1,7 @@
 """train.py end to end on tiny settings: outputs, resume after SIGKILL, torchrun, fine-tuning, errors."""
 
 import csv
+import math
 import os
 import shutil
 import signal
@@ -732,3 +733,81 @@ def test_the_finetuning_config_trains_from_a_timm_checkpoint(tmp_path):
     assert 0.65 <= settings.layer_decay <= 0.75 and settings.pretrained and settings.models == ("vit_rope_small",)
     tuned = torch.load(tmp_path / "run" / "vit_rope_small" / "checkpoint.pt", weights_only=True)["model"]
     assert tuned["head.weight"].shape == (3, 384)  # a new head for three classes, the trunk timm's
+
+
+def make_mixed_folder(root: Path, per_class: int = 6) -> None:
+    """Built-in scenes drawn at native wide, tall and square sizes: an image folder of mixed aspect ratios."""
+    scenes = SyntheticScenes(64, 16)
+    sizes, count = [(16, 40), (40, 16), (24, 24)], {}
+    for i in range(len(scenes)):
+        _, label = scenes.render(i, (8, 8))
+        if label >= 2 or count.get(label, 0) >= per_class:
+            continue
+        count[label] = count.get(label, 0) + 1
+        img, _ = scenes.render(i, sizes[i % 3])
+        for split in ("train", "val"):
+            d = root / split / f"class{label}"
+            d.mkdir(parents=True, exist_ok=True)
+            Image.fromarray((img.permute(1, 2, 0) * 255).byte().numpy()).save(d / f"{i}.png")
+
+
+NAFLEX = [
+    "--models", "vit_ape_tiny", "vit_rope_tiny", "--model-kwargs", "patch_size=8", "depth=1", "embed_dim=32",
+    "num_heads=2", "--img-size", "16", "--eval-sizes", "16", "--rope-scaling", "none", "pi", "ntk", "--epochs", "2",
+    "--batch-size", "4", "--warmup-epochs", "0", "--dataset", "imagefolder", "--naflex", "--seq-lens", "4", "9",
+    "--eval-seq-lens", "4", "9", "--mixup", "0.8",
+]  # fmt: skip
+
+
+def test_naflex_trains_and_evaluates_at_native_aspect_ratio(tmp_path):
+    make_mixed_folder(tmp_path / "folder")
+    rows = train.main([*NAFLEX, "--data-dir", str(tmp_path / "folder"), "--output", str(tmp_path / "run")])
+    native = [r for r in rows if r["protocol"] == "naflex"]
+    assert sorted({(r["eval_size"], r["rope_scaling"]) for r in native if r["model"] == "vit_rope_tiny"}) == [
+        (4, "none"),
+        (4, "pi"),
+        (9, "none"),
+        (9, "pi"),
+    ]  # fmt: skip  (NTK: one scale a batch; not per image)
+    assert {r["eval_size"] for r in native if r["model"] == "vit_ape_tiny"} == {4, 9}
+    assert {r["protocol"] for r in rows} == {"resize", "naflex"}
+    assert all(0 <= r["top1"] <= 100 for r in rows)
+    assert "a column per token budget" in (tmp_path / "run" / "results.md").read_text()
+    log = read_csv(tmp_path / "run" / "log.csv")
+    assert all(math.isfinite(float(r["train_loss"])) for r in log) and len(log) == 4
+
+
+def test_naflex_resumes_after_a_kill_as_the_unbroken_run(tmp_path, monkeypatch):
+    make_mixed_folder(tmp_path / "folder")
+    args = [*NAFLEX, "--data-dir", str(tmp_path / "folder"), "--models", "vit_rope_tiny", "--eval-sizes", "16"]
+    train.main([*args, "--output", str(tmp_path / "full")])
+    interrupt(monkeypatch, at=1, before=False)
+    with pytest.raises(Killed):
+        train.main([*args, "--output", str(tmp_path / "killed")])
+    monkeypatch.undo()
+    train.main(["--output", str(tmp_path / "killed"), "--resume"])
+    same_run(tmp_path / "killed", tmp_path / "full")
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--dataset", "synthetic"], "--dataset synthetic has none: use imagefolder"),
+        (["--train-sizes", "16", "24"], "leave out --train-sizes"),
+        (["--seq-lens", "0", "4"], "seq_lens must be budgets of at least 1 token"),
+    ],
+)
+def test_naflex_settings_that_cannot_work_are_one_line(extra, message, tmp_path):
+    make_mixed_folder(tmp_path / "folder", per_class=2)
+    with pytest.raises(SystemExit, match=message):
+        train.main([*NAFLEX, "--data-dir", str(tmp_path / "folder"), *extra, "--output", str(tmp_path / "run")])
+    assert not (tmp_path / "run").exists()
+
+
+def test_naflex_needs_a_model_that_takes_naflex_batches(tmp_path):
+    make_mixed_folder(tmp_path / "folder", per_class=2)
+    (tmp_path / "empty.yaml").write_text("{}\n")
+    plain = NAFLEX[NAFLEX.index("--img-size") :]  # without --models and --model-kwargs
+    with pytest.raises(SystemExit, match="resnet18 has no get_patch_size"):
+        train.main(["--config", str(tmp_path / "empty.yaml"), *plain, "--models", "resnet18", "--data-dir",
+                    str(tmp_path / "folder"), "--output", str(tmp_path / "run")])  # fmt: skip

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import partial
 
 import torch
 from torch import Tensor
@@ -46,15 +47,15 @@ def scale_factors(
     return tuple(max(n / r, 1.0) for n, r in zip(grid, ref_grid, strict=True))
 
 
-def scaled_coordinates(
-    coords: Tensor, mode: str, scales: Sequence[float], grid: Sequence[int] | None, ref_grid: Sequence[int] | None
-) -> Tensor:
-    """Index coordinates under a coordinate-level scaling mode (other modes pass them through)."""
+def scaled_coordinates(coords: Tensor, mode: str, scales, grid, ref_grid: Sequence[int] | None) -> Tensor:
+    """Index coordinates ``([B,] N, axes)`` under a coordinate-level scaling mode (other modes pass them through).
+    ``scales`` and ``grid``: one value per axis, or per sample ``(B, 1, axes)`` (native-resolution batches)."""
+    as_tensor = partial(torch.as_tensor, dtype=coords.dtype, device=coords.device)
     if mode == "pi":
-        return coords / coords.new_tensor(scales)
+        return coords / as_tensor(scales)
     if mode == "normalized" and grid is not None:
         # patch centres (i + 0.5) / n of this grid placed at the same fraction of the reference grid
-        return (coords + 0.5) * coords.new_tensor([r / n for r, n in zip(ref_grid, grid, strict=True)]) - 0.5
+        return (coords + 0.5) * (as_tensor(ref_grid) / as_tensor(grid)) - 0.5
     return coords
 
 

@@ -139,24 +139,51 @@ class PositionEncoding(nn.Module):
         return f"prefix={self.num_prefix_tokens}, coords={self.coords}, scaling={self.scaling}"
 
     # ------------------------------------------------------------------------------------------------ tables
-    def scaling_for(self, grid: Sequence[int] | None = None) -> Scaling:
-        """The mode and per-axis scale factors for a grid (normalised coordinates never rescale: they do not grow)."""
-        normalized = self.coords == "normalized"
-        scales = (1.0,) * self.axes if normalized else scale_factors(grid, self.ref_grid, self.scale, self.axes)
-        return Scaling(self.scaling, scales, self.ref_grid)
+    def scaling_for(self, grid: Sequence[int] | None = None, grids: Tensor | None = None) -> Scaling:
+        """The mode and per-axis scale factors for a grid, or for a batch of per-sample ``grids (B, axes)`` (where a
+        mode that rescales the frequency ladder needs one scale for the batch); normalised coordinates never rescale:
+        they do not grow."""
+        if self.coords == "normalized":
+            return Scaling(self.scaling, (1.0,) * self.axes, self.ref_grid)
+        if grids is None:
+            return Scaling(self.scaling, scale_factors(grid, self.ref_grid, self.scale, self.axes), self.ref_grid)
+        scales = self.sample_scales(grids)  # (B, 1, axes)
+        if self.scaling in ("ntk", "yarn") and bool((scales != scales[:1]).any()):
+            raise ValueError(
+                f"scaling={self.scaling!r} rescales the frequency ladder of the whole batch, but the samples' grids "
+                "ask different scales; give one (set_scaling(mode, scale), the model's rope_scale) or use 'pi'"
+            )
+        return Scaling(self.scaling, tuple(scales[0, 0].tolist()), self.ref_grid)
 
-    def coordinates(self, grid: Sequence[int] | None, positions: Tensor | None, device, dtype) -> Tensor:
-        """Token coordinates ``([B,] N, axes)`` after the coordinate modes and augmentation (prefix tokens excluded)."""
+    def sample_scales(self, grids: Tensor) -> Tensor:
+        """Per-sample scale factors ``(B, 1, axes)`` for ``grids (B, axes)``: the given scale, else
+        ``max(n / n_ref, 1)`` per axis (1 without a reference grid)."""
+        grids = grids.unsqueeze(-2).to(torch.float64)
+        if self.scale is not None:
+            return grids.new_tensor(self.scale).expand_as(grids)
+        if self.ref_grid is None:
+            return torch.ones_like(grids)
+        return (grids / grids.new_tensor(self.ref_grid)).clamp(min=1.0)
+
+    def coordinates(
+        self, grid: Sequence[int] | None, positions: Tensor | None, device, dtype, grids: Tensor | None = None
+    ) -> Tensor:
+        """Token coordinates ``([B,] N, axes)`` after the coordinate modes and augmentation (prefix tokens excluded);
+        with ``grids (B, axes)`` the positions are patch indices on each sample's own grid, which the modes (and
+        normalised coordinates) measure per sample."""
         if grid is not None:
             coords = grid_coordinates(grid, self.coords == "normalized", device, dtype)
         else:
             coords = positions.to(device=device, dtype=dtype)
+        sizes = grid if grids is None else grids.to(device=device, dtype=dtype).unsqueeze(-2)  # (B, 1, axes)
+        if grids is not None and self.coords == "normalized":
+            coords = (coords + 0.5) / sizes * 2 - 1  # patch centres in [-1, 1] of each sample's grid
         if self.coords == "index":
-            s = self.scaling_for(grid)
-            coords = scaled_coordinates(coords, s.mode, s.scales, grid, self.ref_grid)
+            scales = self.scaling_for(grid).scales if grids is None else self.sample_scales(grids)
+            coords = scaled_coordinates(coords, self.scaling, scales, sizes, self.ref_grid)
         if self.augment:
             coords = augment(coords, self.shift, self.jitter, self.rescale)  # in patches, or in [-1, 1] when normalised
-        if grid is not None and self.coords == "normalized":
+        if (grid is not None or grids is not None) and self.coords == "normalized":
             coords = coords * (2 * math.pi)
         return coords
 
@@ -165,14 +192,20 @@ class PositionEncoding(nn.Module):
         grid: Sequence[int] | None = None,
         positions: Tensor | None = None,
         *,
+        grids: Tensor | None = None,
+        valid: Tensor | None = None,
         tokens: Tensor | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype = torch.float32,
     ) -> Table:
-        """The table of a grid (row-major tokens) or of explicit ``positions ([B,] N, axes)``, prefix tokens first;
-        ``tokens (B, K)``: the grid tokens each sample kept after token dropping (they keep their positions). Built per
-        call (a small fraction of a forward, docs/speed.md), computed in float64 and kept in float32, or float64 for
-        ``dtype`` float64."""
+        """The table of a grid (row-major tokens) or of explicit ``positions ([B,] N, axes)``, prefix tokens first.
+
+        ``grids (B, axes)``: the positions are patch indices on each sample's own grid (a native-resolution batch),
+        which scaling modes and normalised coordinates measure per sample. ``valid (B, N)``: which tokens are real;
+        padding is left out of attention (the table's ``keys``) and placed at its sample's centroid, so that nothing
+        measured over a sample's tokens moves. ``tokens (B, K)``: the tokens each sample kept after token dropping
+        (they keep their positions). Built per call (a small fraction of a forward, docs/speed.md), computed in
+        float64 and kept in float32, or float64 for ``dtype`` float64."""
         if (grid is None) == (positions is None):
             raise ValueError("pass exactly one of grid=(sizes per axis) or positions=(N, axes) coordinates")
         if grid is not None:
@@ -181,17 +214,25 @@ class PositionEncoding(nn.Module):
                 raise ValueError(f"grid={grid} has {len(grid)} sizes but the layer has axes={self.axes}; give one each")
             if min(grid) < 1:
                 raise ValueError(f"grid={grid}: every axis needs at least one position")
+            if grids is not None or valid is not None:
+                raise ValueError("grids and valid describe explicit per-sample positions: pass positions with them")
         elif positions.ndim not in (2, 3) or positions.shape[-1] != self.axes or not positions.is_floating_point():
             raise ValueError(
                 f"positions has shape {tuple(positions.shape)} and dtype {positions.dtype}; expected float (N, "
                 f"{self.axes}) or (B, N, {self.axes}): one coordinate per axis, in grid axis order"
             )
-        if tokens is not None and grid is None:
-            raise ValueError("tokens picks tokens of a grid: pass grid with it (explicit positions need none)")
+        else:
+            self._check_samples(positions, grids, valid)
         device = torch.device(device) if device is not None else positions.device if grid is None else None
         device = device or torch.device("cpu")
-        table = self._build(grid, positions, device, torch.float64 if dtype == torch.float64 else torch.float32)
+        if valid is not None:  # padding at its sample's centroid: means, extents and centres stay the valid tokens'
+            w = valid.to(positions.dtype).unsqueeze(-1)
+            centroid = (positions * w).sum(-2, keepdim=True) / w.sum(-2, keepdim=True)
+            positions = torch.where(valid.unsqueeze(-1), positions, centroid)
+        table = self._build(grid, positions, device, torch.float64 if dtype == torch.float64 else torch.float32, grids)
         p = self.num_prefix_tokens
+        if valid is not None:
+            table = replace(table, keys=torch.cat((valid.new_ones(valid.shape[0], p), valid), dim=1).to(device))
         if tokens is None:
             return table
         prefix = torch.arange(p, device=tokens.device).expand(tokens.shape[0], p)
@@ -199,13 +240,28 @@ class PositionEncoding(nn.Module):
 
     forward = table  # a model asks its encoding for a table by calling it (torch.fx sees the call as one leaf)
 
-    def _build(self, grid, positions, device: torch.device, dtype: torch.dtype) -> Table:
+    def _check_samples(self, positions: Tensor, grids: Tensor | None, valid: Tensor | None) -> None:
+        B, N = positions.shape[0], positions.shape[-2]
+        if grids is not None and (positions.ndim != 3 or tuple(grids.shape) != (B, self.axes)):
+            raise ValueError(
+                f"grids has shape {tuple(grids.shape)}; with positions {tuple(positions.shape)} it must be "
+                f"(B, {self.axes}): each sample's grid, one size per axis"
+            )
+        if valid is not None and (positions.ndim != 3 or tuple(valid.shape) != (B, N) or valid.dtype != torch.bool):
+            raise ValueError(
+                f"valid has shape {tuple(valid.shape)} and dtype {valid.dtype}; with positions "
+                f"{tuple(positions.shape)} it must be bool (B, N): True for each real token"
+            )
+        if valid is not None and not bool(valid.any(-1).all()):
+            raise ValueError("valid marks no token of some sample as real: every sample needs at least one")
+
+    def _build(self, grid, positions, device: torch.device, dtype: torch.dtype, grids: Tensor | None = None) -> Table:
         calc = torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
-        scaling = self.scaling_for(grid)
+        scaling = self.scaling_for(grid, grids)
         family, p = self.family, self.num_prefix_tokens
         build = Build(p, dtype, family.rotating_pairs(), family.temperature(scaling))
         with outside_autocast(device.type):
-            coords = self.coordinates(grid, positions, device, calc)  # ([B,] N, axes)
+            coords = self.coordinates(grid, positions, device, calc, grids)  # ([B,] N, axes)
             if p > 0 and family.prefix_at_centre:  # prefix tokens where the family places them: the tokens' centre
                 centre = coords.mean(dim=-2, keepdim=True).expand(*coords.shape[:-2], p, -1)
                 coords, build = torch.cat((centre, coords), dim=-2), replace(build, prefix=0)

@@ -90,13 +90,18 @@ def _prepend(t: Tensor, n: int, dim: int, value: float = 0.0) -> Tensor:
     return torch.cat((t.new_full(shape, value), t), dim=dim)
 
 
-def _take(t: Tensor, rows: Tensor, dim: int) -> Tensor:
+def _take(t: Tensor, rows: Tensor, dim: int, batched: bool) -> Tensor:
     """Rows ``(B, T)`` of token dim ``dim`` (from the end) of ``t``, the sample dim first and a head dim kept:
-    ``([layer,] heads | 1, N, ...)`` → ``(B, [layer,] heads | 1, T, ...)``."""
-    if t.dim() == -dim:  # no head dim: one for every head
-        t = t.unsqueeze(0)
+    ``([layer,] heads | 1, N, ...)`` → ``(B, [layer,] heads | 1, T, ...)``; a ``batched`` table (its sample dim first
+    already) gives each sample its own rows."""
+    rows = rows.to(t.device)
     at = t.dim() + dim
-    picked = t.index_select(at, rows.reshape(-1).to(t.device)).unflatten(at, rows.shape)
+    if batched:
+        index = rows.view(rows.shape[0], *[1] * (at - 1), rows.shape[1], *[1] * (-dim - 1))
+        return torch.take_along_dim(t, index, dim=at)
+    if t.dim() == -dim:  # no head dim: one for every head
+        t, at = t.unsqueeze(0), at + 1
+    picked = t.index_select(at, rows.reshape(-1)).unflatten(at, rows.shape)
     return picked.movedim(at, 0)
 
 
@@ -123,6 +128,7 @@ class Table:
     """No relative position encoding: plain attention. The base of every table, and the one verb attention uses."""
 
     per_layer: bool = False  # one entry per model layer, right after the batch dim; layer(i) picks one
+    keys: Tensor | None = None  # (B, N) bool: the tokens attention may look at (padding of a native-resolution batch)
 
     def layer(self, index: int) -> Table:
         """The table of model layer ``index`` (a table shared by every layer is returned as it is)."""
@@ -130,13 +136,18 @@ class Table:
 
     def gather(self, rows: Tensor) -> Table:
         """Each sample's tokens ``rows (B, T)`` (prefix rows included): a per-sample table."""
-        return self
+        return self if self.keys is None else replace(self, keys=self.keys.gather(1, rows.to(self.keys.device)))
+
+    def key_mask(self) -> Tensor | None:
+        """SDPA's mask of the keys every query may look at, ``(B, 1, 1, N)`` bool (a key-only mask keeps fused
+        kernels), or None: all."""
+        return None if self.keys is None else self.keys[:, None, None, :]
 
     def attend(self, x: Tensor, qkv: nn.Linear, heads: int, targets: str, dropout: float) -> Tensor:
         """Attention over the layer's input ``x (B, N, C)`` → ``(B, heads, N, dim)``; ``targets``: which of q, k, v
         and the output a rotation turns (letters of "qkvo")."""
         q, k, v = split_heads(qkv(x), heads)
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=self.key_mask(), dropout_p=dropout)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -219,9 +230,12 @@ class RotaryTable(Table):
         )
 
     def gather(self, rows: Tensor) -> RotaryTable:
-        if self.blocks is not None:
-            return replace(self, blocks=_take(self.blocks, rows, -4))
-        return replace(self, cos=_take(self.cos, rows, -2), sin=_take(self.sin, rows, -2))
+        table = super().gather(rows)
+        if self.blocks is not None:  # a per-sample table always has a head dim: (B, [layer,] heads | 1, N, ...)
+            batched = self.blocks.dim() == 6 + self.per_layer
+            return replace(table, blocks=_take(self.blocks, rows, -4, batched))
+        batched = self.cos.dim() == 4 + self.per_layer
+        return replace(table, cos=_take(self.cos, rows, -2, batched), sin=_take(self.sin, rows, -2, batched))
 
     def attend(self, x: Tensor, qkv: nn.Linear, heads: int, targets: str, dropout: float) -> Tensor:
         """q, k, v turned as ``targets`` says ("o": the output turned back by each query's rotation, VO-RoPE); a basis
@@ -239,7 +253,7 @@ class RotaryTable(Table):
         q = self.rotate(q, in_basis=not folded) if "q" in targets else q
         k = self.rotate(k, in_basis=not folded) if "k" in targets else k
         v = self.rotate(v) if "v" in targets else v
-        out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=self.key_mask(), dropout_p=dropout)
         return self.rotate(out, inverse=True) if "o" in targets else out
 
     def rotate(self, x: Tensor, inverse: bool = False, in_basis: bool = True) -> Tensor:
@@ -342,8 +356,11 @@ class AttentionBias(Table):
     def gather(self, rows: Tensor) -> AttentionBias:
         rows = rows.to(self.xy.device)
         xy = self.xy[rows] if self.xy.dim() == 2 else self.xy.gather(1, rows[..., None].expand(-1, -1, 2))
-        dense = None if self.dense is None else torch.stack([self.dense[..., i][..., i, :] for i in rows])
-        return replace(self, xy=xy, dense=dense)  # dense: (B, heads, T, T)
+        dense = self.dense
+        if dense is not None:  # each sample's rows and columns: (B, heads, T, T)
+            dense = dense if dense.dim() == 4 else dense.expand(len(rows), *dense.shape)
+            dense = torch.stack([d[:, i][:, :, i] for d, i in zip(dense, rows, strict=True)])
+        return replace(super().gather(rows), xy=xy, dense=dense)  # dense: (B, heads, T, T)
 
     def block(self, start: int, stop: int) -> Tensor:
         """The bias of queries ``start:stop`` against every key: ``([B,] heads, stop - start, N)``."""
@@ -376,6 +393,9 @@ class AttentionBias(Table):
             stop = min(start + rows, N)
             # expanded to every batch dim (a view): CPU attention then takes its fused kernel (docs/speed.md)
             bias = self.block(start, stop).to(q.dtype).expand(B, heads, stop - start, N)
+            if self.keys is not None:  # padding: unseen; a padding query sees every real key, unbiased (never none)
+                bias = bias.masked_fill(~self.keys[:, None, start:stop, None], 0.0)
+                bias = bias.masked_fill(~self.key_mask(), float("-inf"))
             out.append(F.scaled_dot_product_attention(q[:, :, start:stop], k, v, attn_mask=bias, dropout_p=dropout))
         return out[0] if len(out) == 1 else torch.cat(out, dim=2)
 
@@ -427,7 +447,7 @@ class ParabolicBias(Table):
     def gather(self, rows: Tensor) -> ParabolicBias:
         rows, c = rows.to(self.coords.device), self.coords
         coords = c[rows] if c.dim() == 2 else c.gather(1, rows[..., None].expand(-1, -1, c.shape[-1]))
-        return replace(self, coords=coords)
+        return replace(super().gather(rows), coords=coords)
 
     def attend(self, x: Tensor, qkv: nn.Linear, heads: int, targets: str, dropout: float) -> Tensor:
         """One SDPA call over q and k with the bias's columns appended, its ``scale`` the head dim's 1/√d. v is padded
@@ -437,7 +457,8 @@ class ParabolicBias(Table):
         q, k = self.extend(q, k)  # float32 at least (16-bit columns would round the bias away at large offsets)
         v = F.pad(v.to(q.dtype), [0, q.shape[-1] - dim])
         with outside_autocast(q.device.type):  # autocast would round q and k to 16 bits again
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=dim**-0.5)
+            mask = self.key_mask()
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=dim**-0.5)
         return out[..., :dim].to(dtype)
 
     def extend(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:

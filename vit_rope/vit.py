@@ -38,6 +38,7 @@ from .attention import Attention, parse_rope_targets
 from .checkpoint import checkpoint_filter_fn, resample_grid_embed
 from .checks import check_global_pool, check_image_input, check_rates, check_sizes
 from .families import FAMILIES, Family, on_register
+from .naflex import absolute_positions_of_tokens, embed_patches, keep_tokens, read_batch, sample_grids
 from .position_encoding import PositionEncoding
 from .tables import Table
 
@@ -350,9 +351,17 @@ class VisionTransformer(nn.Module):
         pe = self.patch_embed
         check_image_input(x, self.in_chans, pe.patch_size, pe.dynamic_img_pad, pe.proj.weight)
 
-    def embed(self, x: Tensor) -> tuple[Tensor, Table, torch.Size]:
+    def get_patch_size(self) -> tuple[int, ...]:
+        """The patch size, ``(P, P)``: what timm's NaFlex loader patchifies with (video: a tubelet's frames come
+        first in a NaFlex batch's patches, ``(t, P, P)`` is the embedding's kernel)."""
+        return tuple(self.patch_embed.patch_size)
+
+    def embed(self, x: Tensor | dict[str, Tensor]) -> tuple[Tensor, Table, torch.Size | None]:
         """Patchify, add absolute embeddings, prepend prefix tokens, drop tokens (training, ``patch_drop_rate``);
-        also return the position-encoding table of the tokens kept, and the grid."""
+        also return the position-encoding table of the tokens kept, and the grid (None for a NaFlex batch, whose
+        table knows each sample's real tokens: ``table.keys``)."""
+        if isinstance(x, dict):
+            return self.embed_patches(x)
         self._check_input(x)
         x = self.patch_embed(x)  # (B, *grid, C)
         grid = x.shape[1:-1]
@@ -365,6 +374,35 @@ class VisionTransformer(nn.Module):
             table = self.position_encoding(grid, tokens=kept, device=x.device, dtype=x.dtype)
         return self.pos_drop(x), table, grid
 
+    def embed_patches(self, batch: dict[str, Tensor]) -> tuple[Tensor, Table, None]:
+        """:meth:`embed` of a NaFlex batch (:mod:`vit_rope.naflex`): each token placed by its ``patch_coord`` on its own
+        sample's grid, padding zeroed and left out of attention (the table's ``keys``)."""
+        proj = self.patch_embed.proj
+        axes = len(self.patch_embed.grid_size)
+        patches, coord, valid = read_batch(batch, tuple(proj.weight.shape[2:]), proj.in_channels, axes)
+        x = embed_patches(patches, proj)  # (B, N, C)
+        norm = getattr(self.patch_embed, "norm", None)
+        x = x if norm is None else norm(x)
+        grids = sample_grids(coord, valid)  # (B, axes)
+        sincos = self.pos_embed_type == "sincos"
+        x = absolute_positions_of_tokens(x, coord, grids, self.pos_embed, sincos, self.patch_embed.grid_size)
+        x = x.masked_fill(~valid.unsqueeze(-1), 0.0)  # padding carries nothing, whatever its pixels
+        prefix = [t.expand(x.shape[0], -1, -1) for t in (self.cls_token, self.reg_token) if t is not None]
+        x = torch.cat([*prefix, x], dim=1) if prefix else x  # (B, prefix + N, C)
+        if self.position_encoding is not None:  # prefix rows first, keys: the real tokens
+            positions = coord.to(torch.float64)
+            table = self.position_encoding(None, positions, grids=grids, valid=valid, device=x.device, dtype=x.dtype)
+        else:
+            table = Table(keys=torch.cat((valid.new_ones(x.shape[0], self.num_prefix_tokens), valid), dim=1))
+        if self.training and self.patch_drop.prob > 0:  # NaFlex's token dropping: real tokens are kept first
+            p = self.num_prefix_tokens
+            rows = torch.cat(
+                (torch.arange(p, device=x.device).expand(x.shape[0], p), keep_tokens(valid, self.patch_drop.prob) + p),
+                dim=1,
+            )
+            x, table = x.gather(1, rows.unsqueeze(-1).expand(-1, -1, x.shape[-1])), table.gather(rows)
+        return self.pos_drop(x), table, None
+
     def run_block(self, i: int, x: Tensor, table: Table) -> Tensor:
         """Block ``i`` with its layer's table; under gradient checkpointing its activations are recomputed in
         backward (non-reentrant: a learned table's graph is kept, its gradient flows once)."""
@@ -372,33 +410,55 @@ class VisionTransformer(nn.Module):
             return checkpoint(self.blocks[i], x, table.layer(i), use_reentrant=False)
         return self.blocks[i](x, table.layer(i))
 
-    def forward_features(self, x: Tensor) -> Tensor:
+    def forward_features(self, x: Tensor | dict[str, Tensor]) -> Tensor | dict[str, Tensor]:
+        """Tokens ``(B, prefix + N, C)`` after the final norm; for a NaFlex batch (a dict) a dict as timm's NaFlexVit
+        returns: ``patches``, those tokens with padding rows zero, and ``patch_valid (B, N)``, which rows are real
+        (after token dropping in training)."""
+        naflex = isinstance(x, dict)
         x, table, _ = self.embed(x)  # (B, N, C), the table of its tokens
         for i in range(len(self.blocks)):
             x = self.run_block(i, x, table)  # Block → Attention → table.attend → SDPA
-        return self.norm(x)
+        x = self.norm(x)
+        if not naflex:
+            return x
+        return {
+            "patches": x.masked_fill(~table.keys.unsqueeze(-1), 0.0),
+            "patch_valid": table.keys[:, self.num_prefix_tokens :],
+        }
 
-    def pool(self, x: Tensor, pool_type: str | None = None) -> Tensor:
+    def pool(self, x: Tensor, pool_type: str | None = None, patch_valid: Tensor | None = None) -> Tensor:
+        """Pooled features ``(B, C)``; ``patch_valid (B, N)``: average or maximum over the real patch tokens alone."""
         pool_type = self.global_pool if pool_type is None else pool_type
         if pool_type == "token":
             return x[:, 0]
+        patches = x[:, self.num_prefix_tokens :]
         if pool_type == "avg":
-            return x[:, self.num_prefix_tokens :].mean(dim=1)
+            if patch_valid is None:
+                return patches.mean(dim=1)
+            real = patch_valid.unsqueeze(-1).to(x.dtype)
+            return (patches * real).sum(dim=1) / real.sum(dim=1).clamp(min=1)
         if pool_type == "max":
-            return x[:, self.num_prefix_tokens :].amax(dim=1)
+            if patch_valid is None:
+                return patches.amax(dim=1)
+            return patches.masked_fill(~patch_valid.unsqueeze(-1), torch.finfo(x.dtype).min).amax(dim=1)
         return x
 
-    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
-        x = self.head_drop(self.pool(x))
+    def forward_head(self, x: Tensor | dict[str, Tensor], pre_logits: bool = False) -> Tensor:
+        """Logits (or pooled features) of :meth:`forward_features`' output, a NaFlex dict's too."""
+        valid = None
+        if isinstance(x, dict):
+            x, valid = x["patches"], x["patch_valid"]
+        x = self.head_drop(self.pool(x, patch_valid=valid))
         return x if pre_logits else self.head(x)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor | dict[str, Tensor]) -> Tensor:
+        """Logits of images ``(B, C, *size)`` or of a NaFlex batch (a dict: :mod:`vit_rope.naflex`)."""
         return self.forward_head(self.forward_features(x))
 
     # ---------------------------------------------------------------------------------------- intermediates
     def forward_intermediates(
         self,
-        x: Tensor,
+        x: Tensor | dict[str, Tensor],
         indices: int | list[int] | None = None,
         return_prefix_tokens: bool = False,
         norm: bool = False,
@@ -406,9 +466,14 @@ class VisionTransformer(nn.Module):
         output_fmt: str = "NCHW",
         intermediates_only: bool = False,
     ) -> list[Tensor] | tuple[Tensor, list[Tensor]]:
-        """Features after the chosen blocks, as ``(B, C, *grid)`` (``NCHW``) or ``(B, N, C)`` (``NLC``)."""
+        """Features after the chosen blocks, as ``(B, C, *grid)`` (``NCHW``) or ``(B, N, C)`` (``NLC``). A NaFlex batch
+        (a dict) has no one grid: ``NLC`` alone, the tokens in the batch's order with padding rows zero."""
         if output_fmt not in ("NCHW", "NLC"):
             raise ValueError(f"output_fmt={output_fmt!r}: choose 'NCHW' or 'NLC'")
+        if isinstance(x, dict) and output_fmt != "NLC":
+            raise ValueError(
+                "a NaFlex batch (dict) has a grid per sample: ask output_fmt='NLC', its rows in patch_coord"
+            )
         take_indices, max_index = feature_take_indices(len(self.blocks), indices)
         x, table, grid = self.embed(x)
         last = max_index if stop_early else len(self.blocks) - 1
@@ -416,7 +481,8 @@ class VisionTransformer(nn.Module):
         for i in range(last + 1):
             x = self.run_block(i, x, table)
             if i in take_indices:
-                intermediates.append(self.norm(x) if norm else x)
+                y = self.norm(x) if norm else x
+                intermediates.append(y if table.keys is None else y.masked_fill(~table.keys.unsqueeze(-1), 0.0))
         prefix = [y[:, : self.num_prefix_tokens] for y in intermediates]
         spatial = [y[:, self.num_prefix_tokens :] for y in intermediates]
         if output_fmt == "NCHW":  # (B, N, C) → (B, C, *grid)
@@ -425,7 +491,10 @@ class VisionTransformer(nn.Module):
             spatial = list(zip(spatial, prefix, strict=True))
         if intermediates_only:
             return spatial
-        return self.norm(x), spatial
+        x = self.norm(x)
+        if table.keys is not None:
+            x = x.masked_fill(~table.keys.unsqueeze(-1), 0.0)
+        return x, spatial
 
     def prune_intermediate_layers(
         self, indices: int | list[int] = 1, prune_norm: bool = False, prune_head: bool = True

@@ -345,9 +345,10 @@ def torchvision_dataset(name: str, root: str, train: bool) -> Dataset:
 
 class Transformed(Dataset):
     """``transform`` applied to the image of each (PIL image, label) item, as RGB (the models take three channels,
-    MNIST's images have one): one dataset in memory serves training and every evaluation size."""
+    MNIST's images have one): one dataset in memory serves training and every evaluation size. Without a transform
+    the items stay PIL images, for timm's NaFlex loaders (which set ``transform`` or transform them themselves)."""
 
-    def __init__(self, ds: Dataset, transform: Callable) -> None:
+    def __init__(self, ds: Dataset, transform: Callable | None) -> None:
         self.ds, self.transform = ds, transform
 
     def __len__(self) -> int:
@@ -355,7 +356,8 @@ class Transformed(Dataset):
 
     def __getitem__(self, index: int):
         img, label = self.ds[index]
-        return self.transform(img.convert("RGB")), label
+        img = img.convert("RGB")
+        return (img if self.transform is None else self.transform(img)), label
 
 
 def fixed_subset(ds: Dataset, n: int) -> Dataset:
@@ -368,7 +370,7 @@ def fixed_subset(ds: Dataset, n: int) -> Dataset:
 
 
 # ------------------------------------------------------------------------------------------- train.py's data
-EvalSets = Callable[[int, str], Dataset]  # (eval size, protocol 'resize' or 'native') → the validation set
+EvalSets = Callable[[int, str], Dataset]  # (eval size, protocol 'resize', 'native' or 'naflex') → the validation set
 
 
 def is_video(dataset: str) -> bool:
@@ -445,7 +447,13 @@ def build_data(settings, dc: dict) -> Data:
     train, eval_set, num_classes = all_data(settings, dc)
     if train is not None:
         train = fixed_subset(train, settings.train_subset)
-    return Data(train, lambda size, protocol: fixed_subset(eval_set(size, protocol), settings.val_subset), num_classes)
+        train = Transformed(train, None) if settings.naflex else train  # PIL images, RGB, for timm's NaFlex loader
+
+    def eval_at(size: int, protocol: str) -> Dataset:
+        subset = fixed_subset(eval_set(size, protocol), settings.val_subset)
+        return Transformed(subset, None) if protocol == "naflex" else subset  # the loader sets its transform
+
+    return Data(train, eval_at, num_classes)
 
 
 def all_data(settings, dc: dict) -> Data:
@@ -477,9 +485,10 @@ def all_data(settings, dc: dict) -> Data:
             return scenes(settings.val_samples, split="val", transform=eval_tf(size))
 
         return Data(train, make, val.num_classes)
-    train = None if settings.eval_only else Transformed(torchvision_dataset(name, root, True), train_tf)
+    train = None if settings.eval_only else torchvision_dataset(name, root, True)
+    train = train if train is None or settings.naflex else Transformed(train, train_tf)
     val = torchvision_dataset(name, root, False)
-    return Data(train, lambda s, p: Transformed(val, eval_tf(s)), len(val.classes))
+    return Data(train, lambda s, p: val if p == "naflex" else Transformed(val, eval_tf(s)), len(val.classes))
 
 
 def folder_data(settings, dc: dict) -> Data:
@@ -500,8 +509,10 @@ def folder_data(settings, dc: dict) -> Data:
     if name == "imagefolder":
         train_tf, eval_tf = image_transforms(settings, dc)
 
-        def make(root: str, size: int, class_to_idx: dict | None = None, train: bool = False) -> Dataset:
-            return CheckedImageFolder(root, train_tf if train else eval_tf(size), class_to_idx)
+        def make(root: str, size: int | None, class_to_idx: dict | None = None, train: bool = False) -> Dataset:
+            # size None, or training under --naflex: PIL images, for timm's NaFlex loader
+            transform = None if size is None or (train and settings.naflex) else train_tf if train else eval_tf(size)
+            return CheckedImageFolder(root, transform, class_to_idx)
     else:
 
         def make(root: str, size: int, class_to_idx: dict | None = None, train: bool = False) -> Dataset:
@@ -524,7 +535,7 @@ def folder_data(settings, dc: dict) -> Data:
         )
     val = make(val_root, settings.img_size, class_to_idx)  # a val class training never saw is an error now
     check_files(val, val_root)
-    return Data(train, lambda s, p: make(val_root, s, class_to_idx), len(class_to_idx))
+    return Data(train, lambda s, p: make(val_root, None if p == "naflex" else s, class_to_idx), len(class_to_idx))
 
 
 def check_files(ds: Dataset, root: str) -> None:

@@ -68,14 +68,15 @@ def markdown_tables(summary: Summary, train_size: int) -> str:
     """One top-1 table per protocol: a row per (model, recipe, scaling mode), a column per eval size; with several
     seeds, mean ± std and a column of how many."""
     cells = [c for curves in summary.values() for sizes in curves.values() for c in sizes.values()]
-    sizes = sorted({s for curves in summary.values() for by_size in curves.values() for s in by_size})
     recipes = any(recipe for curves in summary.values() for _, recipe, _ in curves)
     seeds = max(c["n"] for c in cells) > 1
-    head = ["model", *["recipe"] * recipes, "RoPE scaling", "params", *["seeds"] * seeds, *map(str, sizes)]
     lines = []
     for protocol, curves in summary.items():
+        sizes = sorted({s for by_size in curves.values() for s in by_size})
+        head = ["model", *["recipe"] * recipes, "RoPE scaling", "params", *["seeds"] * seeds, *map(str, sizes)]
         over = " (mean ± std over seeds)" if seeds else ""
-        lines.append(f"\n**top-1 (%), trained at {train_size}, evaluated with protocol `{protocol}`{over}**\n")
+        columns = ", a column per token budget an image (native aspect ratio)" if protocol == "naflex" else ""
+        lines.append(f"\n**top-1 (%), trained at {train_size}, evaluated with protocol `{protocol}`{columns}{over}**\n")
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for (model, recipe, mode), by_size in curves.items():
             first = next(iter(by_size.values()))
@@ -200,12 +201,13 @@ def accuracy_figure(summary: Summary, train_size: int, about: str, chance: float
             ax.errorbar(sizes, means, yerr=stds if seeds else None, color=colour[model, recipe],
                         linestyle=LINE_STYLES.get(mode, "-"), marker="o", markersize=3, capsize=2,
                         linewidth=1.2)  # fmt: skip
-        ax.axvline(train_size, color="gray", linestyle=":", linewidth=1)
-        ax.annotate(f"trained at {train_size}", (train_size, 1), xycoords=("data", "axes fraction"), xytext=(3, -12),
-                    textcoords="offset points", fontsize=8, color="gray")  # fmt: skip
+        if protocol != "naflex":  # (a NaFlex budget is in tokens, not pixels)
+            ax.axvline(train_size, color="gray", linestyle=":", linewidth=1)
+            ax.annotate(f"trained at {train_size}", (train_size, 1), xycoords=("data", "axes fraction"),
+                        xytext=(3, -12), textcoords="offset points", fontsize=8, color="gray")  # fmt: skip
         ylabel = "top-1 (%)" + (", mean ± std over seeds" if seeds else "")
-        ax.set(title=f"{about}\nevaluated with protocol '{protocol}'", xlabel="evaluation resolution (px)",
-               ylabel=ylabel)  # fmt: skip
+        xlabel = "token budget an image (native aspect ratio)" if protocol == "naflex" else "evaluation resolution (px)"
+        ax.set(title=f"{about}\nevaluated with protocol '{protocol}'", xlabel=xlabel, ylabel=ylabel)
         fit(ax, None, ys, chance)
         ax.grid(alpha=0.3)
     add_legend(fig, colour, [mode for _, _, mode in curves], points=False)

@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from ..position_encoding import SCALING_MODES
-from .data import DATASETS
+from .data import DATASETS, VIDEO_DATASETS
 from .folder import read_own
 
 __all__ = ["Settings", "parse", "read_yaml", "resumed"]
@@ -72,6 +72,16 @@ class Settings:
     val_subset: int = setting(0, "validate and evaluate on this many validation samples, always the same ones (0: "
                               "all)", check=at_least(0), must="at least 0")  # fmt: skip
     workers: int = setting(0, "DataLoader worker processes", check=at_least(0), must="at least 0", resume=APPLIES)
+    naflex: bool = setting(False, "native resolution: train through timm's NaFlex loader, each image at its own aspect "
+                           "ratio within a token budget, positions per patch (image datasets)", data=True)  # fmt: skip
+    seq_lens: tuple[int, ...] = setting((64, 144, 256), "--naflex: token budgets of the training batches, one drawn "
+                                        "per batch; a batch holds --batch-size × the largest budget's tokens",
+                                        check=lambda v: len(v) and min(v) >= 1, must="budgets of at least 1 token",
+                                        recipe=True, data=True)  # fmt: skip
+    naflex_loss_scale: str = setting("linear", "--naflex: a batch of b images scales its loss by b / --batch-size "
+                                     "(linear, as timm's train.py), its square root (sqrt) or not (none)",
+                                     check=lambda v: v in ("linear", "sqrt", "none"),
+                                     must="one of linear, sqrt, none", recipe=True)  # fmt: skip
     # model
     models: tuple[str, ...] = setting(("vit_ape_tiny", "vit_rope_tiny"), "timm models to compare: name or "
                                       "name:key=value,...", check=len, must="at least one model",
@@ -123,6 +133,11 @@ class Settings:
     eval_sizes: tuple[int, ...] = setting((32,), "resolutions to evaluate every model at",
                                           check=lambda v: len(v) and min(v) >= 1 and len(set(v)) == len(v),
                                           must="sizes of at least 1, each given once", resume=EVALUATES)  # fmt: skip
+    eval_seq_lens: tuple[int, ...] = setting((), "token budgets to evaluate every model at native aspect ratio "
+                                             "(timm's NaFlex loader; image datasets), beside --eval-sizes' square "
+                                             "resize", check=lambda v: all(n >= 1 for n in v) and len(set(v)) == len(v),
+                                             must="budgets of at least 1 token, each given once",
+                                             resume=EVALUATES)  # fmt: skip
     native_eval: bool = setting(True, "also evaluate the built-in data drawn natively at each size", resume=EVALUATES)
     rope_scaling: tuple[str, ...] = setting(("none",), f"RoPE extrapolation modes to evaluate, from "
                                             f"{', '.join(SCALING_MODES)}", check=lambda v: len(set(v)) == len(v),
@@ -163,6 +178,15 @@ class Settings:
             raise SystemExit(f"error: unknown --rope-scaling mode(s) {bad}; choose from {list(SCALING_MODES)}")
         if self.min_lr > self.lr:
             raise SystemExit(f"error: --min-lr {self.min_lr} is above --lr {self.lr}; give a min_lr of at most lr")
+        if (self.naflex or self.eval_seq_lens) and self.dataset in ("synthetic", *VIDEO_DATASETS):
+            raise SystemExit(
+                f"error: --naflex and --eval-seq-lens read images at their own size and aspect ratio; --dataset "
+                f"{self.dataset} has none: use imagefolder (or cifar10, cifar100, mnist, fashion_mnist)"
+            )
+        if self.naflex and self.train_sizes:
+            raise SystemExit(
+                "error: --naflex draws each batch's size from --seq-lens (token budgets); leave out --train-sizes"
+            )
         if self.eval_only and not (self.initial_checkpoint or self.pretrained):
             raise SystemExit("error: --eval-only needs --initial-checkpoint PATH or --pretrained")
         for name in self.recipes:
