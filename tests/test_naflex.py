@@ -131,10 +131,10 @@ def test_token_dropping_in_a_native_batch_trains_every_parameter(kind):
 
 def test_keep_tokens_keeps_real_tokens_first():
     valid = torch.tensor([[True, False, True, False], [False, False, False, True]])
-    kept = keep_tokens(valid, 0.5)  # two of four
-    assert sorted(kept[0].tolist()) == [0, 2]
-    assert kept[1, 0].item() == 3  # the one real token, then padding
-    assert kept.shape == (2, 2)
+    kept = keep_tokens(valid, 0.5, prefix=1)  # the prefix row, then two of four patch rows (counted after it)
+    assert kept[:, 0].tolist() == [0, 0] and kept.shape == (2, 3)
+    assert sorted(kept[0, 1:].tolist()) == [1, 3]
+    assert kept[1, 1].item() == 4  # the one real token, then padding
 
 
 def test_patches_are_embedded_as_the_convolution_embeds_the_image():

@@ -99,11 +99,12 @@ def absolute_positions_of_tokens(
     return x + added
 
 
-def keep_tokens(valid: Tensor, rate: float) -> Tensor:
-    """Token dropping in a native-resolution batch: ``(B, K)`` indices of the tokens each sample keeps, ``K = N · (1 -
-    rate)`` (at least 1), drawn at random among the real tokens first, so a sample keeps padding only when it has no
-    more real tokens to keep."""
+def keep_tokens(valid: Tensor, rate: float, prefix: int = 0) -> Tensor:
+    """Token dropping in a native-resolution batch: the rows ``(B, prefix + K)`` each sample keeps, its ``prefix``
+    tokens first, then ``K = N · (1 - rate)`` (at least 1) of its ``N`` patch tokens, drawn at random among the real
+    ones first, so that a sample keeps padding only when it has no more real tokens to keep."""
     B, N = valid.shape
     keep = max(1, int(N * (1 - rate)))
     scores = torch.rand(B, N, device=valid.device) + (~valid).to(torch.float32)  # padding sorts after real tokens
-    return scores.argsort(dim=1)[:, :keep]
+    kept = scores.argsort(dim=1)[:, :keep] + prefix
+    return torch.cat((torch.arange(prefix, device=valid.device).expand(B, prefix), kept), dim=1)

@@ -14,6 +14,9 @@ projection to ``(B, heads, N, dim)``. A family builds its table once, in its fin
 generators or bias terms) with :class:`Build`, which carries what the pipeline adds to every family: the prefix rows
 (cls, registers: unturned, unbiased), p-RoPE's turning pairs, YaRN's temperature and the dtype.
 
+A table of a native-resolution batch (:mod:`vit_rope.naflex`) also holds ``keys``, the real tokens of each sample:
+every ``attend`` leaves the padding out (a key-only mask), so padding never changes a real token's output.
+
 Leading dims broadcast against attention's ``(B, heads, N, dim)``: ``([B,] [layer,] [heads,] N, ...)``, where per-sample
 tables (token dropping) and per-layer ones always carry a head dim (1 when heads share it); a table whose
 ``per_layer`` is set holds one entry per model layer (``.layer(i)`` picks one). Tables keep their own precision

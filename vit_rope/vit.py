@@ -395,11 +395,7 @@ class VisionTransformer(nn.Module):
         else:
             table = Table(keys=torch.cat((valid.new_ones(x.shape[0], self.num_prefix_tokens), valid), dim=1))
         if self.training and self.patch_drop.prob > 0:  # NaFlex's token dropping: real tokens are kept first
-            p = self.num_prefix_tokens
-            rows = torch.cat(
-                (torch.arange(p, device=x.device).expand(x.shape[0], p), keep_tokens(valid, self.patch_drop.prob) + p),
-                dim=1,
-            )
+            rows = keep_tokens(valid, self.patch_drop.prob, self.num_prefix_tokens)  # (B, prefix + K)
             x, table = x.gather(1, rows.unsqueeze(-1).expand(-1, -1, x.shape[-1])), table.gather(rows)
         return self.pos_drop(x), table, None
 
