@@ -24,6 +24,8 @@ def cases() -> dict[str, tuple[str, dict, dict]]:
     for kind in kinds:
         name = f"vit_{kind}_tiny" if kind not in ("rope_ape", "sincos", "none") else "vit_rope_tiny"
         small = dict(img_size=32, patch_size=8, depth=3, num_classes=5, pos_embed=kind)
+        if kind == "pape":  # the code of 11c66d5 gave PaPE an APE by mistake ("ape" in "pape"): that model, named now
+            small["abs_pos_embed"] = "ape"
         modes = timm.create_model(name, **small).rope_scaling_modes() or ("none",)
         for mode in modes:
             out[f"{kind}/48px/{mode}"] = (name, small, dict(size=48, mode=mode))

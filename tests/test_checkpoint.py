@@ -1,7 +1,8 @@
-"""vit_rope/checkpoint.py: weights from timm's own models (DeiT-III, RoPE-ViT, and DINOv3's ViTs under the pretrained
-tags ``vit_rope_*.dinov3{,_qkvb}_lvd1689m``) load with equal outputs, offline: timm's model with random weights, its
-state dict through our pretrained path; our own checkpoints at other sizes and classes, APE resampling, other input
-channels, and checkpoints of another model refused naming the keys."""
+"""vit_rope/checkpoint.py: weights from timm's own models (DeiT-III, RoPE-ViT, RoPE-ViT's "+ APE" under the tags
+``vit_rope{,_mixed}_*.naver_ape_in1k``, and DINOv3's ViTs under ``vit_rope_*.dinov3{,_qkvb}_lvd1689m``) load with
+equal outputs, offline: timm's model with random weights, its state dict through our pretrained path; our own
+checkpoints at other sizes and classes, APE resampling, other input channels, and checkpoints of another model refused
+naming the keys."""
 
 import pytest
 import timm
@@ -35,6 +36,10 @@ def _randomize(model):
         ("deit3_{}_patch16_224", "vit_ape_{}", "large"),
         ("vit_{}_patch16_rope_224", "vit_rope_{}", "large"),
         ("vit_{}_patch16_rope_mixed_224", "vit_rope_mixed_{}", "large"),
+        # RoPE-ViT's "+ APE" weights: our family with abs_pos_embed="ape", which their tag asks
+        ("vit_{}_patch16_rope_ape_224", "vit_rope_{}.naver_ape_in1k", "small"),
+        ("vit_{}_patch16_rope_mixed_ape_224", "vit_rope_mixed_{}.naver_ape_in1k", "small"),
+        ("vit_{}_patch16_rope_mixed_ape_224", "vit_rope_mixed_{}.naver_ape_in1k", "base"),
     ],
 )
 def test_timm_checkpoints_load_with_equal_outputs(timm_name, ours, size, tmp_path):
@@ -49,6 +54,7 @@ def test_timm_checkpoints_load_with_equal_outputs(timm_name, ours, size, tmp_pat
         ref, out = theirs(x), model(x)
     assert ref.abs().max() > 1.0
     assert (ref - out).abs().max() < 1e-4
+    assert (model.pos_embed is None) == (getattr(theirs, "pos_embed", None) is None)  # an APE where theirs has one
 
 
 def randomized_dinov3(model: torch.nn.Module) -> torch.nn.Module:
@@ -105,6 +111,11 @@ def test_the_dinov3_tags_say_where_the_weights_are():
     assert timm.models.get_pretrained_cfg("vit_rope_small").hf_hub_id == "timm/vit_small_patch16_rope_224.naver_in1k"
     plain = timm.create_model("vit_rope_small", depth=1)  # the default tag: RoPE-ViT's trunk, no registers
     assert plain.num_prefix_tokens == 1 and plain.norm.eps == 1e-6
+    for kind, theirs in (("rope", "rope_ape"), ("rope_mixed", "rope_mixed_ape")):  # RoPE-ViT's "+ APE" weights
+        cfg = timm.models.get_pretrained_cfg(f"vit_{kind}_base.naver_ape_in1k")
+        assert cfg.hf_hub_id == f"timm/vit_base_patch16_{theirs}_224.naver_in1k"
+        model = timm.create_model(f"vit_{kind}_small.naver_ape_in1k", depth=1)
+        assert model.abs_pos_embed == "ape" and model.pos_embed_type == kind and plain.pos_embed is None
 
 
 def test_default_cfgs_point_at_published_weights():

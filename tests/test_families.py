@@ -1,9 +1,11 @@
 """Every family's shared contract, driven by the registry (the built-in families, tests/conftest.py's and any
 registered before these tests are collected), in float64 with random (not initial) parameters: exact relativity where
-the generators commute, norms kept and rotations undone, and token dropping that keeps each kept token's position.
-Each family's own rules: tests/families/test_<name>.py."""
+the generators commute, norms kept and rotations undone, token dropping that keeps each kept token's position, and
+test-time scaling (every mode at a scale of 1 is none; NTK and YaRN on every fixed ladder). Each family's own rules:
+tests/families/test_<name>.py."""
 
-from dataclasses import replace
+import math
+from dataclasses import fields, replace
 
 import pytest
 import torch
@@ -12,10 +14,13 @@ from hypothesis import strategies as st
 
 from tests.helpers import DIM, HEADS, randomized, rope
 from vit_rope import FAMILIES, ParabolicBias, PositionEncoding
+from vit_rope.families.base import PairFamily
+from vit_rope.position_encoding import SCALING_MODES
 
 F64 = torch.float64
 ROTARY = sorted(n for n, f in FAMILIES.items() if f.rotary)
 COMMUTING = [n for n in ROTARY if FAMILIES[n].commutes]
+FIXED_LADDERS = sorted(n for n, f in FAMILIES.items() if "ntk" in f.scaling_modes)  # what NTK and YaRN rescale
 
 
 def axes_of(name, data):
@@ -91,3 +96,94 @@ def test_kept_tokens_keep_their_positions(name):
         torch.testing.assert_close(kept.rotate(x.gather(2, pick)), turned.gather(2, pick), rtol=0, atol=1e-12)
     with pytest.raises(ValueError, match="tokens picks tokens of a grid"):
         enc.table(positions=torch.zeros(20, len(grid)), tokens=keep)
+
+
+# ------------------------------------------------------------------------------------------ test-time scaling
+def grid_of(name: str) -> tuple[int, ...]:
+    return (4, 5) if FAMILIES[name].min_axes <= 2 else (2, 4, 5)
+
+
+def assert_same_table(a, b) -> None:
+    """Two tables equal to the bit: every tensor field, and every other field."""
+    assert type(a) is type(b)
+    for f in fields(a):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if isinstance(x, torch.Tensor):
+            assert isinstance(y, torch.Tensor) and torch.equal(x, y), f.name
+        else:
+            assert x == y, f.name
+
+
+def test_every_fixed_ladder_of_the_package_takes_every_scaling_mode():
+    """A family of the package whose frequencies are a fixed matrix (it writes frequency_matrix, as axial, spiral,
+    golden-gate and VideoRoPE) takes PI, NTK, YaRN and normalized; the others take the coordinate modes."""
+    fixed = [
+        f for f in FAMILIES.values()
+        if f.__module__.startswith("vit_rope.") and issubclass(f, PairFamily)
+        and f.frequency_matrix is not PairFamily.frequency_matrix
+    ]  # fmt: skip
+    assert len(fixed) >= 4
+    for family in FAMILIES.values():
+        modes = SCALING_MODES if family in fixed else ("none", "pi", "normalized")
+        if family.__module__.startswith("vit_rope."):
+            assert family.scaling_modes == modes, family.name
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_every_mode_at_a_scale_of_one_is_none(name):
+    """At the training grid, and at a scale of 1 on a larger grid, every mode a family takes gives exactly the table of
+    no scaling (normalized has no scale: at the training grid only)."""
+    ref = grid_of(name)
+    larger = tuple(2 * n for n in ref)
+    torch.manual_seed(0)
+    plain = randomized(PositionEncoding(DIM, len(ref), name, num_heads=HEADS, ref_grid=ref, num_prefix_tokens=1))
+    state = plain.state_dict()
+    for mode in FAMILIES[name].scaling_modes:
+        scaled = PositionEncoding(DIM, len(ref), name, num_heads=HEADS, ref_grid=ref, num_prefix_tokens=1)
+        scaled.double().load_state_dict(state)
+        scaled.set_scaling(mode)
+        assert_same_table(scaled.table(ref, dtype=F64), plain.table(ref, dtype=F64))
+        if mode != "normalized":
+            scaled.set_scaling(mode, scale=1.0)
+            assert_same_table(scaled.table(larger, dtype=F64), plain.table(larger, dtype=F64))
+
+
+def frequency_ratios(name: str, mode: str, s: float) -> torch.Tensor:
+    """Each turning pair's frequency under ``mode`` at scale s on every axis over its frequency unscaled (the norms of
+    their frequency vectors, every head's)."""
+    ref = grid_of(name)
+    layer = PositionEncoding(DIM, len(ref), name, num_heads=HEADS, ref_grid=ref, scaling=mode, scale=s)
+    family = layer.family
+    scaled, plain = family.frequency_matrix(layer.scaling_for()), family.frequency_matrix()
+    f, g = scaled.norm(dim=-2).flatten(), plain.norm(dim=-2).flatten()
+    return f[g > 0] / g[g > 0]
+
+
+@pytest.mark.parametrize("s", [2.0, 3.5])
+@pytest.mark.parametrize("name", FIXED_LADDERS)
+def test_ntk_keeps_the_highest_frequency_and_interpolates_the_lowest(name, s):
+    """NTK-aware scaling (base theta · s^(d/(d-2))) keeps each ladder's highest frequency (1) exactly, divides its
+    lowest by exactly s, and moves every other between the two: ratios in [1/s, 1], both ends reached."""
+    r = frequency_ratios(name, "ntk", s)
+    assert r.max() == 1.0
+    torch.testing.assert_close(r.min(), torch.tensor(1 / s, dtype=F64), rtol=1e-12, atol=0)
+    assert (r >= 1 / s - 1e-12).all() and (r <= 1.0).all()
+    assert ((r > 1 / s + 1e-6) & (r < 1 - 1e-6)).any()  # a ladder, not two values
+
+
+@pytest.mark.parametrize("name", FIXED_LADDERS)
+def test_yarn_ramps_between_interpolated_and_kept_and_scales_by_its_temperature(name):
+    """YaRN: every frequency between interpolated (f / s) and kept (f), and every turning pair's cos and sin scaled by
+    the temperature 0.1 ln s + 1 (anchors.md: FiT's YaRN), the prefix row too; unturned pairs stay (1, 0)."""
+    s = 3.0
+    r = frequency_ratios(name, "yarn", s)
+    assert (r >= 1 / s - 1e-12).all() and (r <= 1.0).all()
+    ref = grid_of(name)
+    layer = PositionEncoding(DIM, len(ref), name, num_heads=HEADS, ref_grid=ref, scaling="yarn", num_prefix_tokens=1)
+    table = layer.table(tuple(3 * n for n in ref), dtype=F64)  # s = 3 on every axis, derived from the grid
+    size = torch.hypot(table.cos, table.sin)  # (..., 1 + N, pairs)
+    F = layer.family.frequency_matrix()  # ([heads,] axes, pairs)
+    turning = (F.norm(dim=-2) > 0).reshape(-1, F.shape[-1]).any(0)
+    temperature = 0.1 * math.log(s) + 1
+    torch.testing.assert_close(size[..., turning], torch.full_like(size[..., turning], temperature))
+    assert turning.any() and (size[..., ~turning] == 1).all()

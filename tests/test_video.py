@@ -1,4 +1,5 @@
-"""Video models: clip lengths and sizes, 3D RoPE layout, starting from image checkpoints, errors."""
+"""Video models: clip lengths and sizes, 3D RoPE layout, starting from image checkpoints, an APE added to every family
+(abs_pos_embed), errors."""
 
 import pytest
 import timm
@@ -175,6 +176,8 @@ def test_video_errors():
         timm.create_model("vit_rope3d_tiny", embed_dim=12, num_heads=3, depth=1)
     with pytest.raises(ValueError, match="sincos"):
         tiny_video(pos_embed="sincos")
+    with pytest.raises(ValueError, match="abs_pos_embed='sincos' is 2D only"):
+        tiny_video(abs_pos_embed="sincos")
     for bad in (dict(tubelet_size=0), dict(num_frames=0), dict(patch_size=0)):
         with pytest.raises(ValueError, match=f"{next(iter(bad))}=0 must be an integer of at least 1"):
             tiny_video(**bad)
@@ -189,6 +192,31 @@ def test_every_family_of_three_axes_runs_on_clips(family):
         assert out.shape == (clip.shape[0], 4) and torch.isfinite(out).all()
     out.sum().backward()
     assert all(p.grad is not None for p in model.parameters())
+
+
+@pytest.mark.parametrize("family", VIDEO_FAMILIES)
+def test_abs_pos_embed_adds_a_learned_video_ape_to_every_family(family):
+    """abs_pos_embed="ape" on any family of three axes: a learned (1, T·H·W, C) pos_embed without weight decay that
+    the tokens add (zeroed, the model is the family alone), resampled on the fly to larger frames as set_input_size
+    resamples it."""
+    kw = dict(pos_embed=family, num_frames=4, img_size=32, depth=1, global_pool="avg")
+    torch.manual_seed(0)
+    model, plain = tiny_video(abs_pos_embed="ape", **kw).eval(), tiny_video(**kw).eval()
+    plain.load_state_dict({k: v for k, v in model.state_dict().items() if k != "pos_embed"})
+    assert model.pos_embed.shape == (1, 2 * 2 * 2, 192) and "pos_embed" in model.no_weight_decay()
+    clip = torch.randn(2, 3, 4, 32, 32)
+    with torch.no_grad():
+        model.pos_embed.normal_()
+        assert (model(clip) - plain(clip)).abs().max() > 0.1 * model(clip).abs().max()
+        model.pos_embed.zero_()
+        torch.testing.assert_close(model(clip), plain(clip), rtol=0, atol=0)
+        model.pos_embed.normal_()
+        larger = torch.randn(1, 3, 4, 64, 32)
+        before = model(larger)  # the APE resampled on the fly to (2, 4, 2)
+        assert (before - plain(larger)).abs().max() > 0.1 * before.abs().max()
+        model.set_input_size(img_size=(64, 32))
+        assert model.pos_embed.shape == (1, 2 * 4 * 2, 192)
+        torch.testing.assert_close(model(larger), before, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("family", IMAGE_ONLY)

@@ -1,6 +1,7 @@
 """vit_rope/vit.py: the image models: timm's registry and API (heads, pooling, intermediates, features, pruning,
 gradient checkpointing, set_input_size), sizes, token dropping, compile, fx, export and ONNX, the Python calls of a
-block, logits equal to the code before the frozen-table core, and model arguments out of range."""
+block, logits equal to the code before the frozen-table core, an absolute embedding added to every family
+(abs_pos_embed), and model arguments out of range."""
 
 import os
 import sys
@@ -8,6 +9,7 @@ import sys
 import pytest
 import timm
 import torch
+from timm.layers import build_sincos2d_pos_embed, resample_abs_pos_embed
 from timm.optim import create_optimizer_v2
 
 import vit_rope  # registers the models
@@ -398,6 +400,88 @@ def test_onnx_export_matches_eager(kind, tmp_path):
     (out,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
     with torch.no_grad():
         torch.testing.assert_close(torch.from_numpy(out), model(x), rtol=1e-4, atol=1e-4)
+
+
+# ------------------------------------------------------------------------------------------- abs_pos_embed
+def far_apart(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return bool((a - b).abs().max() > 0.1 * a.abs().max())
+
+
+def with_and_without(family: str, abs_pos_embed: str, img_size: int = 32):
+    """A two-block model of ``family`` with ``abs_pos_embed`` and one without it, holding the same weights (average
+    pooling: an absolute embedding reaches the logits directly, not through LayerScale's 1e-5 alone)."""
+    kw = dict(pos_embed=family, img_size=img_size, patch_size=8, num_classes=5, global_pool="avg", depth=1)
+    torch.manual_seed(0)
+    model = tiny(abs_pos_embed=abs_pos_embed, **kw).eval()
+    plain = tiny(**kw).eval()
+    plain.load_state_dict({k: v for k, v in model.state_dict().items() if k != "pos_embed"})  # strict
+    return model, plain
+
+
+@pytest.mark.parametrize("family", FAMILY_NAMES)
+def test_abs_pos_embed_ape_adds_a_learned_embedding_to_every_family(family):
+    """abs_pos_embed="ape" on any family: a learned (1, grid, C) pos_embed, without weight decay, that the tokens add
+    and nothing else changes (zeroed, the model is the family alone, to the bit); at another size it is resampled as
+    timm's resample_abs_pos_embed resamples it (bicubic, no antialias): the model equals one built at that size with
+    the embedding resampled by timm."""
+    model, plain = with_and_without(family, "ape")
+    assert model.abs_pos_embed == "ape" and model.pos_embed.shape == (1, 16, 192)
+    assert "pos_embed" in dict(model.named_parameters()) and "pos_embed" in model.no_weight_decay()
+    assert plain.abs_pos_embed == "none" and plain.pos_embed is None
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        model.pos_embed.normal_()
+        assert far_apart(model(x), plain(x))
+        model.pos_embed.zero_()
+        torch.testing.assert_close(model(x), plain(x), rtol=0, atol=0)
+        model.pos_embed.normal_()
+        larger, _ = with_and_without(family, "ape", img_size=48)
+        resampled = resample_abs_pos_embed(model.pos_embed, [6, 6], [4, 4], num_prefix_tokens=0, antialias=False)
+        larger.load_state_dict({**model.state_dict(), "pos_embed": resampled})
+        x = torch.randn(2, 3, 48, 48)
+        torch.testing.assert_close(model(x), larger(x), rtol=0, atol=1e-6)
+        assert far_apart(model(x), plain(x))
+
+
+@pytest.mark.parametrize("family", FAMILY_NAMES)
+def test_abs_pos_embed_sincos_adds_timms_2d_sincos_to_every_family(family):
+    """abs_pos_embed="sincos": no parameter; the model equals the same model with an APE set to timm's 2D sin-cos
+    embedding of the grid, at the training size and at another one (built again for each grid, not resampled)."""
+    model, plain = with_and_without(family, "sincos")
+    assert model.abs_pos_embed == "sincos" and model.pos_embed is None
+    assert [n for n, _ in model.named_parameters()] == [n for n, _ in plain.named_parameters()]
+    for size in (32, 56):
+        ape, _ = with_and_without(family, "ape", img_size=size)
+        state = {**model.state_dict(), "pos_embed": build_sincos2d_pos_embed([size // 8] * 2, 192).unsqueeze(0)}
+        ape.load_state_dict(state)
+        x = torch.randn(2, 3, size, size)
+        with torch.no_grad():
+            torch.testing.assert_close(model(x), ape(x), rtol=0, atol=1e-6)
+            assert far_apart(model(x), plain(x))
+
+
+def test_abs_pos_embed_and_the_pos_embed_values_that_name_one():
+    """Only "ape" and "rope_ape" name an APE (PaPE had one by mistake: "ape" in "pape"); rope_ape is axial RoPE with
+    abs_pos_embed="ape" (the same weights and outputs), pos_embed="none" with an APE is vit_ape's model; a second,
+    other absolute embedding or an unknown value is one clear error."""
+    image = [k for k in vit_rope.vit.pos_embed_names() if k not in FAMILIES or FAMILIES[k].min_axes <= 2]
+    with_ape = [k for k in image if tiny(pos_embed=k, depth=1, img_size=32).pos_embed is not None]
+    assert with_ape == ["ape", "rope_ape"]
+    x = torch.randn(2, 3, 32, 32)
+    alias, both = tiny(pos_embed="rope_ape", img_size=32), tiny(abs_pos_embed="ape", img_size=32)
+    both.load_state_dict(alias.state_dict())
+    torch.testing.assert_close(both.eval()(x), alias.eval()(x), rtol=0, atol=0)
+    assert alias.abs_pos_embed == both.abs_pos_embed == "ape"
+    ape, none_ape = tiny("vit_ape_tiny", img_size=32), tiny(pos_embed="none", abs_pos_embed="ape", img_size=32)
+    none_ape.load_state_dict(ape.state_dict())
+    torch.testing.assert_close(none_ape.eval()(x), ape.eval()(x), rtol=0, atol=0)
+    assert tiny("vit_ape_tiny", abs_pos_embed="ape").abs_pos_embed == "ape"  # the same one, named twice: fine
+    assert tiny(pos_embed="sincos").abs_pos_embed == "sincos"
+    with pytest.raises(ValueError, match="abs_pos_embed='learned': choose one of"):
+        tiny(abs_pos_embed="learned")
+    for pos_embed, other in (("ape", "sincos"), ("rope_ape", "sincos"), ("sincos", "ape")):
+        with pytest.raises(ValueError, match=f"pos_embed='{pos_embed}' has its own absolute embedding .* a second"):
+            tiny(pos_embed=pos_embed, abs_pos_embed=other)
 
 
 @pytest.mark.parametrize(

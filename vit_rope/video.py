@@ -7,7 +7,8 @@ e.g. ``(16, 24, 24)``. Any T the tubelet depth divides and any H×W the patch di
 
 Image checkpoints start a video model (the usual way to fine-tune one): the patch embedding is inflated over
 time (each frame's kernel = the image kernel / tubelet depth, so a still clip embeds like its image) and the
-trunk is shared; an image APE is repeated over time.
+trunk is shared; an image APE is repeated over time. ``abs_pos_embed="ape"`` adds a learned APE over (t, h, w),
+resampled trilinearly, to any family ("+ APE").
 """
 
 from dataclasses import replace
@@ -102,6 +103,8 @@ class VideoVisionTransformer(VisionTransformer):
             raise ValueError(
                 "pos_embed='sincos' is 2D only; video models take a position-encoding family, 'ape' or 'none'"
             )
+        if kwargs.get("abs_pos_embed") == "sincos":
+            raise ValueError("abs_pos_embed='sincos' is 2D only; video models add abs_pos_embed='ape' or 'none'")
         if kwargs.pop("dynamic_img_pad", False):
             raise ValueError("video models do not pad; crop clips to multiples of the tubelet and patch size")
         super().__init__(**kwargs)

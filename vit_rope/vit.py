@@ -6,9 +6,13 @@ A pre-norm ViT with patch embedding, a cls token (optional register tokens) and 
 * a position-encoding family of the registry (:mod:`vit_rope.families`), by its name or its models' name (``"rope"``
   is axial RoPE, Heo et al. ECCV 2024)
 * ``"ape"``: learned absolute embedding over the patch grid (resampled bicubically at other sizes)
-* ``"rope_ape"``: both, as RoPE-ViT's "+APE" models
+* ``"rope_ape"``: both, as RoPE-ViT's "+APE" models (axial RoPE with ``abs_pos_embed="ape"``)
 * ``"sincos"``: fixed 2D sin-cos absolute embedding
 * ``"none"``
+
+``abs_pos_embed`` adds an absolute embedding to any of them: ``"ape"`` (learned, resampled as above) or ``"sincos"``
+on top of a family is "+ APE" for every family (``pos_embed="rope_mixed", abs_pos_embed="ape"`` is RoPE-ViT's
+RoPE-Mixed + APE), as production encoders pair APE with RoPE.
 
 Any input whose sides the patch size divides runs without extra arguments: positions follow the grid and APE is
 resampled with timm's ``resample_abs_pos_embed``. timm's RoPE ViTs (``vit_*_patch16_rope*_224``) and DeiT-III
@@ -42,9 +46,10 @@ from .naflex import absolute_positions_of_tokens, embed_patches, keep_tokens, re
 from .position_encoding import PositionEncoding
 from .tables import Table
 
-__all__ = ["VisionTransformer", "family_of", "pos_embed_names"]
+__all__ = ["ABS_POS_EMBEDS", "VisionTransformer", "absolute_embedding", "family_of", "pos_embed_names"]
 
 ABSOLUTE = ("ape", "sincos", "none")
+ABS_POS_EMBEDS = ("none", "ape", "sincos")  # what abs_pos_embed takes: an absolute embedding added to the tokens
 
 
 def family_of(pos_embed: str) -> str | None:
@@ -56,6 +61,25 @@ def family_of(pos_embed: str) -> str | None:
     if pos_embed in FAMILIES:
         return pos_embed
     return next((name for name, f in FAMILIES.items() if f.model_name == pos_embed), None)
+
+
+def absolute_embedding(pos_embed: str, abs_pos_embed: str = "none") -> str:
+    """The absolute embedding a model of ``pos_embed`` with ``abs_pos_embed`` adds to its tokens: ``"ape"``,
+    ``"sincos"`` or ``"none"``. ``pos_embed`` names one itself where it is one ("ape", "sincos", and "rope_ape"'s APE);
+    ``abs_pos_embed`` adds one to any other value (a family, or "none"). Asking for a second, other one is an error."""
+    if abs_pos_embed not in ABS_POS_EMBEDS:
+        raise ValueError(
+            f"abs_pos_embed={abs_pos_embed!r}: choose one of {ABS_POS_EMBEDS} (the absolute embedding added to the "
+            "tokens besides pos_embed's relative one)"
+        )
+    own = "ape" if pos_embed in ("ape", "rope_ape") else "sincos" if pos_embed == "sincos" else "none"
+    if "none" not in (own, abs_pos_embed) and own != abs_pos_embed:
+        raise ValueError(
+            f"pos_embed={pos_embed!r} has its own absolute embedding ({own}); abs_pos_embed={abs_pos_embed!r} would "
+            f"add a second: give pos_embed a family (or 'none') with abs_pos_embed={abs_pos_embed!r}, or leave "
+            "abs_pos_embed out"
+        )
+    return abs_pos_embed if own == "none" else own
 
 
 def pos_embed_names() -> tuple[str, ...]:
@@ -134,6 +158,7 @@ class VisionTransformer(nn.Module):
         class_token: bool = True,
         reg_tokens: int = 0,
         pos_embed: str = "rope",
+        abs_pos_embed: str = "none",
         rope_targets: str = "qk",
         rope_theta: float | None = None,
         rope_layout: str | None = None,
@@ -160,6 +185,7 @@ class VisionTransformer(nn.Module):
         super().__init__()
         if pos_embed not in pos_embed_names():
             raise ValueError(f"pos_embed={pos_embed!r}: choose one of {pos_embed_names()}")
+        self.abs_pos_embed = absolute_embedding(pos_embed, abs_pos_embed)  # what embed() adds: ape, sincos or none
         check_global_pool(global_pool, class_token)
         check_sizes(embed_dim, depth, num_heads, mlp_ratio, reg_tokens, patch_size, in_chans)
         check_rates(
@@ -183,7 +209,7 @@ class VisionTransformer(nn.Module):
         self.reg_token = nn.Parameter(torch.zeros(1, reg_tokens, embed_dim, **dd)) if reg_tokens else None
         grid = self.patch_embed.grid_size
         # APE covers the patch grid only (no embedding for prefix tokens), as DeiT-III, so it resamples cleanly
-        ape = "ape" in pos_embed
+        ape = self.abs_pos_embed == "ape"
         self.pos_embed = nn.Parameter(torch.randn(1, math.prod(grid), embed_dim, **dd) * 0.02) if ape else None
         self.patch_drop = PatchDropoutWithIndices(patch_drop_rate, self.num_prefix_tokens)
         self.pos_drop = nn.Dropout(pos_drop_rate)
@@ -365,7 +391,7 @@ class VisionTransformer(nn.Module):
         self._check_input(x)
         x = self.patch_embed(x)  # (B, *grid, C)
         grid = x.shape[1:-1]
-        x = absolute_positions(x, self.pos_embed, self.pos_embed_type == "sincos", self.patch_embed.grid_size)
+        x = absolute_positions(x, self.pos_embed, self.abs_pos_embed == "sincos", self.patch_embed.grid_size)
         prefix = [t.expand(x.shape[0], -1, -1) for t in (self.cls_token, self.reg_token) if t is not None]
         x = torch.cat([*prefix, x], dim=1) if prefix else x  # (B, prefix + N, C)
         x, kept = self.patch_drop(x)  # kept: (B, K) patch indices, None when nothing is dropped
@@ -543,8 +569,12 @@ PUBLISHED = {
         ("naver_in1k", "vit_{size}_patch16_rope_224.naver_in1k", {}),
         ("dinov3_lvd1689m", "vit_{size}_patch16_dinov3.lvd1689m", DINOV3),
         ("dinov3_qkvb_lvd1689m", "vit_{size}_patch16_dinov3_qkvb.lvd1689m", {**DINOV3, "qkv_bias": True}),
+        ("naver_ape_in1k", "vit_{size}_patch16_rope_ape_224.naver_in1k", {"abs_pos_embed": "ape"}),
     ],
-    "rope_mixed": [("naver_in1k", "vit_{size}_patch16_rope_mixed_224.naver_in1k", {})],
+    "rope_mixed": [
+        ("naver_in1k", "vit_{size}_patch16_rope_mixed_224.naver_in1k", {}),
+        ("naver_ape_in1k", "vit_{size}_patch16_rope_mixed_ape_224.naver_in1k", {"abs_pos_embed": "ape"}),
+    ],
     "ape": [("fb_in1k", "deit3_{size}_patch16_224.fb_in1k", {})],
 }
 TAG_ARGS = {tag: args for weights in PUBLISHED.values() for tag, _, args in weights}

@@ -187,3 +187,14 @@ def test_options_and_video_model():
     assert half.pairs == 6 and half.frequency_matrix()[..., 6:].abs().max() == 0
     model = timm.create_model("vit_rope3d_tiny", pos_embed="goldengate", depth=1, img_size=32, num_frames=4)
     assert model.position_encoding.family.name == "goldengate" and model.position_encoding.axes == 3
+
+
+def test_ntk_rescales_the_ladder_at_the_largest_scale():
+    """NTK: the ladder of P = 12 pairs (d = 24) takes base theta · s^(d/(d-2)) at the largest of the axes' scales (every
+    pair mixes every axis): s = 2.5 of (1.5, 2.5), the same as golden-gate built on that base (by hand)."""
+    scaled = layer(2, scaling="ntk", scale=(1.5, 2.5))
+    F = scaled.family.frequency_matrix(scaled.scaling_for())
+    torch.testing.assert_close(
+        F, layer(2, theta=100.0 * 2.5 ** (24 / 22)).family.frequency_matrix(), rtol=1e-13, atol=0
+    )
+    assert not torch.allclose(F, layer(2, theta=100.0 * 1.5 ** (24 / 22)).family.frequency_matrix())

@@ -68,3 +68,21 @@ def test_spiral_in_3d_takes_its_default_directions_for_any_head_dim(dim, data):
 def test_spiral_refusals_offer_choices():
     with pytest.raises(ValueError, match=r"choose one of \[2, 4, 8\]"):
         RotaryEmbedding(32, axes=2, family="spiral", directions=3)
+
+
+def test_ntk_rescales_the_planes_ladder_at_the_larger_of_its_scales_and_time_at_its_own():
+    """NTK: the plane's ladder (16 channels' worth for a 32-channel plane, d = 16) takes base theta · s^(d/(d-2)) at
+    the larger scale of rows and columns (directions mix them), s = 3 of (2, 3), the same as spiral RoPE built on that
+    base; in 3D time's axial section (d = 16) takes its own s = 1.5 (by hand)."""
+    scaled = RotaryEmbedding(32, axes=2, family="spiral", scaling="ntk", scale=(2.0, 3.0)).double()
+    F = scaled.family.frequency_matrix(scaled.scaling_for())
+    by_hand = RotaryEmbedding(32, axes=2, family="spiral", theta=100.0 * 3.0 ** (16 / 14)).double()
+    torch.testing.assert_close(F, by_hand.family.frequency_matrix(), rtol=1e-13, atol=0)
+    at_two = RotaryEmbedding(32, axes=2, family="spiral", theta=100.0 * 2.0 ** (16 / 14)).double()
+    assert not torch.allclose(F, at_two.family.frequency_matrix())
+    video = RotaryEmbedding(64, axes=3, family="spiral", scaling="ntk", scale=(1.5, 1.0, 1.0)).double()
+    F = video.family.frequency_matrix(video.scaling_for())
+    time = F[0].nonzero().flatten()
+    expected = (100.0 * 1.5 ** (16 / 14)) ** (-torch.arange(0, 16, 2, dtype=F64) / 16)
+    torch.testing.assert_close(F[0, time], expected, rtol=1e-13, atol=0)
+    torch.testing.assert_close(F[1:], video.family.frequency_matrix()[1:], rtol=0, atol=0)  # the plane: s = 1

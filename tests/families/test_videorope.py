@@ -1,6 +1,9 @@
 """VideoRoPE (Wei et al., ICML 2025) against the paper and the authors' code, in float64: which frequencies each axis
 gets, the frames' centres on the diagonal (mirror symmetry as time advances), δ scaling time exactly, exact
-relativity, and the video models. Each rule is checked against a perturbed encoding too, so that the check can fail."""
+relativity, NTK and YaRN on its one ladder at each coordinate's scale (by hand), and the video models. Each rule is
+checked against a perturbed encoding too, so that the check can fail."""
+
+import math
 
 import pytest
 import timm
@@ -147,6 +150,90 @@ def test_attention_is_exactly_relative_in_float64():
         torch.testing.assert_close(logits(pos + shift, pos + shift), logits(pos, pos), rtol=0, atol=1e-12)
     moved = pos + torch.tensor([1.0, 0.0, 0.0], dtype=F64)
     assert (logits(moved, pos) - logits(pos, pos)).abs().max() > 1e-3
+
+
+# ------------------------------------------------------------------------------------------ test-time scaling
+def by_hand(mode: str, scales, lengths=None, theta=100.0, pairs=32, spatial=24, beta=(32.0, 1.0)) -> torch.Tensor:
+    """The (3, pairs) frequencies of a 64-channel head (16/24/24) written out pair by pair: pair j of the one ladder of
+    d = 64 channels, ``theta ** (-2j / d)``, belongs to h (even j < 24), w (odd j < 24) or t (j ≥ 24), and takes its
+    axis's scale s: NTK's base ``theta · s ** (d / (d - 2))``, or YaRN's blend of f / s and f by the ramp
+    ``(turns - β_slow) / (β_fast - β_slow)`` clamped to [0, 1], turns = length · f / 2π."""
+    d = 2 * pairs
+    F = torch.zeros(3, pairs, dtype=F64)
+    for j in range(pairs):
+        axis = (1 if j % 2 == 0 else 2) if j < spatial else 0
+        s = scales[axis]
+        if mode == "ntk":
+            f = (theta * s ** (d / (d - 2))) ** (-2 * j / d)
+        else:
+            f = theta ** (-2 * j / d)
+            ramp = min(max((lengths[axis] * f / (2 * math.pi) - beta[1]) / (beta[0] - beta[1]), 0.0), 1.0)
+            f = f / s * (1 - ramp) + f * ramp
+        F[axis, j] = f
+    return F
+
+
+def test_ntk_rescales_the_one_ladder_at_each_axis_scale():
+    """Per-axis factors without a reference grid: time's pairs at s_t, h's at s_h, w's at s_w, each on the whole
+    ladder's NTK base (d = 64, the authors' extrapolation code), not on a ladder per axis."""
+    layer = videorope(64, scaling="ntk", scale=(3.0, 2.0, 1.5))
+    F = layer.family.frequency_matrix(layer.scaling_for())
+    torch.testing.assert_close(F, by_hand("ntk", (3.0, 2.0, 1.5)), rtol=1e-13, atol=0)
+    # the check can fail: one scale for every pair, or time's 8 pairs as a ladder of their own (d = 16)
+    assert not torch.allclose(F, by_hand("ntk", (2.0, 2.0, 2.0)))
+    own = torch.tensor([(100.0 * 3.0 ** (16 / 14)) ** (-2 * j / 16) for j in range(8)], dtype=F64)
+    assert not torch.allclose(F[0, 24:], own)
+
+
+def test_the_scale_of_h_and_w_is_the_growth_of_their_extent_on_the_diagonal():
+    """Reference clip (T, H, W) = (4, 6, 6), δ = 2: h and w turn with δt + h, whose extent is δT + H = 14. Frames twice
+    as large (8 + 12 = 20): h and w rescale by 20/14, not 2, and time's pairs stay exactly as trained; a clip twice as
+    long (16 + 6 = 22): time by 2, h and w by 22/14; without the diagonal, each axis by its own factor (axial's)."""
+    ref = (4, 6, 6)
+    layer = videorope(64, scaling="ntk", ref_grid=ref)
+    for grid, s in (((4, 12, 12), (1.0, 20 / 14, 20 / 14)), ((8, 6, 6), (2.0, 22 / 14, 22 / 14))):
+        F = layer.family.frequency_matrix(layer.scaling_for(grid))
+        torch.testing.assert_close(F, by_hand("ntk", s), rtol=1e-13, atol=0)
+    F = layer.family.frequency_matrix(layer.scaling_for((4, 12, 12)))
+    assert torch.equal(F[0], layer.family.frequency_matrix()[0])
+    assert not torch.allclose(F, by_hand("ntk", (1.0, 2.0, 2.0)))
+    still = videorope(64, scaling="ntk", ref_grid=ref, diagonal=False)
+    F = still.family.frequency_matrix(still.scaling_for((8, 12, 6)))
+    torch.testing.assert_close(F, by_hand("ntk", (2.0, 2.0, 1.0)), rtol=1e-13, atol=0)
+
+
+def test_yarn_ramps_each_axis_over_its_extent_and_scales_by_its_temperature():
+    """YaRN at frames three times as large, δ = 2, reference (4, 6, 6): time's pairs kept (s = 1, temperature 1); h
+    and w rescaled by (8 + 18) / 14 with the ramp counting turns over their extent 14, and cos, sin of their pairs
+    scaled by 0.1 ln s + 1."""
+    ref, grid, s = (4, 6, 6), (4, 18, 18), 26 / 14
+    layer = videorope(64, scaling="yarn", ref_grid=ref)
+    F = layer.family.frequency_matrix(layer.scaling_for(grid))
+    expected = by_hand("yarn", (1.0, s, s), (8.0, 14.0, 14.0))
+    torch.testing.assert_close(F, expected, rtol=1e-13, atol=0)
+    assert not torch.allclose(F, by_hand("yarn", (1.0, s, s), (4.0, 6.0, 6.0)))  # the ramp's lengths matter
+    ratio = expected.sum(0) / by_hand("ntk", (1.0, 1.0, 1.0)).sum(0)
+    assert (ratio[:24] > 1 / s + 1e-6).any() and (ratio[:24] < 1 - 1e-6).any()  # the ramp's middle is reached
+    table = layer.table(grid, dtype=F64)
+    size = torch.hypot(table.cos, table.sin)
+    torch.testing.assert_close(size[..., :24], torch.full_like(size[..., :24], 0.1 * math.log(s) + 1))
+    assert (size[..., 24:] == 1).all()
+
+
+def test_the_video_model_takes_every_scaling_mode():
+    """The video model evaluates a longer clip of larger frames under each mode, each with a table of its own."""
+    kw = dict(patch_size=8, depth=1, embed_dim=64, num_heads=2, num_classes=4, num_frames=4, img_size=16)
+    model = timm.create_model("vit_rope3d_tiny", pos_embed="videorope", **kw).eval()
+    assert model.rope_scaling_modes() == ("none", "pi", "ntk", "yarn", "normalized")
+    clip = torch.randn(1, 3, 8, 32, 24)  # twice the frames, frames of 4 x 3 patches against 2 x 2
+    tables = []
+    for mode in model.rope_scaling_modes():
+        model.set_rope_scaling(mode)
+        with torch.no_grad():
+            assert torch.isfinite(model(clip)).all()
+        tables.append(model.position_encoding.table((4, 4, 3), dtype=F64))
+    for i, a in enumerate(tables):
+        assert all(not torch.allclose(a.sin, b.sin) for b in tables[i + 1 :])
 
 
 # -------------------------------------------------------------------------------------------------- models

@@ -1,5 +1,6 @@
 """The runs of a config (vit_rope/training/plan.py, through train.py): seeds and recipes (multi-resolution training,
-coordinate augmentation) end to end and on --resume, and timm's own models in the comparison."""
+coordinate augmentation) end to end and on --resume, a family against the family + APE, and timm's own models in the
+comparison."""
 
 import statistics
 
@@ -11,6 +12,7 @@ import train
 from tests.test_train import Killed, interrupt, make_imagefolder, read_csv, same_run
 from vit_rope.training import models, plan
 from vit_rope.training.folder import run_folder
+from vit_rope.training.weights import read_record
 
 KWARGS = ["--model-kwargs", "patch_size=8", "depth=1", "embed_dim=32", "num_heads=2"]
 SMALL = [
@@ -133,6 +135,33 @@ def test_coordinate_augmentation_and_other_kwargs_come_from_a_config(tmp_path):
         )
         torch.manual_seed(0)
         assert torch.equal(model(x), model(x)) != dinov3
+
+
+def test_a_family_and_the_family_plus_ape_are_two_runs_and_two_kinds(tmp_path):
+    """Axial RoPE against axial RoPE + APE (abs_pos_embed, a model argument), as two --models entries or as two
+    recipes of model_kwargs: distinct result rows (model or recipe), folders and weight records, and only the second
+    has an APE."""
+    out = tmp_path / "ape"
+    args = ["--models", "vit_rope_tiny", "vit_rope_tiny:abs_pos_embed=ape", *SMALL, "--rope-scaling", "none", "pi"]
+    train.main([*args, "--output", str(out)])
+    rows = read_csv(out / "results.csv")
+    assert {r["model"] for r in rows} == {"vit_rope_tiny", "vit_rope_tiny:abs_pos_embed=ape"}
+    kinds = {read_record(out / folder / "model.safetensors")["kind"] for folder in (
+        "vit_rope_tiny", "vit_rope_tiny__abs_pos_embed=ape")}  # fmt: skip
+    assert kinds == {"vit_rope ViT, pos_embed=rope", "vit_rope ViT, pos_embed=rope, abs_pos_embed=ape"}
+    path = tmp_path / "recipes.yaml"
+    path.write_text(yaml.safe_dump(dict(
+        models=["vit_rope_tiny"], model_kwargs=dict(patch_size=8, depth=1, embed_dim=32, num_heads=2), img_size=16,
+        recipes={"rope": {}, "rope_ape": {"model_kwargs": {"abs_pos_embed": "ape"}}},
+    )))  # fmt: skip
+    cfg, _ = train.parse_config(["--config", str(path), "--output", str(tmp_path / "out")])
+    runs = plan.plan_runs(cfg)
+    assert [(r.model, r.recipe, r.tag) for r in runs] == [
+        ("vit_rope_tiny", "rope", "vit_rope_tiny@rope"),
+        ("vit_rope_tiny", "rope_ape", "vit_rope_tiny@rope_ape"),
+    ]
+    built = [models.build_model(r.settings, r.spec, num_classes=4) for r in runs]
+    assert [m.pos_embed is not None for m in built] == [False, True]
 
 
 @pytest.mark.parametrize(

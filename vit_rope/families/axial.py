@@ -3,8 +3,9 @@
 The channels are cut into one even section per axis and each section turns with its own axis only, pair j of a
 section of d channels by ``pos · theta ** (-2j / d)``. Sections run from the *last* grid axis to the first: in 2D the
 first half of the channels turns with x (the column), the second half with y (the row); in 3D ``(t, h, w)`` the
-order is ``[w | h | t]``. Channels no section takes stay unrotated. A fixed ladder, so NTK-aware scaling (bloc97,
-2023) and YaRN (Peng et al. 2023) apply, per axis.
+order is ``[w | h | t]``. Channels no section takes stay unrotated. Scaling modes: all five, ``none``, ``pi`` and
+``normalized`` on the coordinates, and on its fixed ladder NTK-aware scaling (bloc97, 2023) and YaRN (Peng et al.
+2023), each section at its own axis's scale.
 """
 
 from __future__ import annotations

@@ -14,8 +14,9 @@ turns it by one scalar ``t_j(p)``: ``R_j(p) = exp(t_j(p) B_j)``.
 Block size 8 (the paper's experiments), per layer and head. P ~ N(0, init_std²) as the authors' code; their
 coordinates are patch centres in (0, 1) at every resolution, ours patch indices, so the init's scale is divided by the
 reference grid's side. The cls token (prefix tokens) turns as if at the image's centre, as the authors' code places it
-(``cls_position=0.5`` of its (0, 1) coordinates; ``cls_at_centre=False`` leaves it unturned). Learned: NTK and YaRN do
-not apply.
+(``cls_position=0.5`` of its (0, 1) coordinates; ``cls_at_centre=False`` leaves it unturned). Scaling modes:
+``none``, ``pi``, ``normalized`` (on the coordinates); learned, so NTK and YaRN, which rescale a fixed ladder, do not
+apply.
 
 Each block's skew matrix is split once a step into ``B = Q Λ Qᵀ`` (``Λ`` 2×2 rotation generators ``λ_k``), so that
 ``exp(t B) = Q R(t λ) Qᵀ``: the table turns channel pairs by ``t_j(p) λ_k`` inside the basis ``Q``, which attention

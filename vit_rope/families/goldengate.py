@@ -21,10 +21,11 @@ The frequency range, our choice: positions here are patch indices (the post's fi
 lucidrains' ``GoldenGateRoPENd`` defaults to ``ω ∈ [1, 10000]`` on indices). So that ``theta`` means what it means
 for axial RoPE, ``ω_max = 1`` radian per patch and ``ω_min = theta ** -(1 - 1/P)``: the ladder is then exactly the
 1D axial ladder ``theta ** (-2j / 2P)`` of P pairs in ascending order (``ω_i = theta ** (-(P - 1 - i) / P)``; theta
-100 → 1 down to about 1/100, as axial RoPE's sections span). Being a fixed geometric ladder, NTK-aware scaling and YaRN
-apply to it as to axial RoPE's, with one scale (the largest of the axes' — directions mix them) and YaRN's length the
-largest extent of the reference grid, as spiral RoPE's plane. ``rotate_fraction`` turns fewer pairs (the rest stay
-unturned); there are no axis sections, so ``axis_dims`` is refused. Fixed (no parameters), exactly relative.
+100 → 1 down to about 1/100, as axial RoPE's sections span). Scaling modes: all five; being a fixed geometric ladder,
+NTK-aware scaling and YaRN apply to it as to axial RoPE's, with one scale (the largest of the axes' — directions mix
+them) and YaRN's length the largest extent of the reference grid, as spiral RoPE's plane. ``rotate_fraction`` turns
+fewer pairs (the rest stay unturned); there are no axis sections, so ``axis_dims`` is refused. Fixed (no parameters),
+exactly relative.
 """
 
 from __future__ import annotations

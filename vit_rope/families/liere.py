@@ -5,7 +5,8 @@
 block stay unturned). The generators need not commute, so attention is only approximately relative. Generators are the
 strict upper triangle of a learned matrix minus its transpose, initialised U[0, 2π) as the paper; its coordinates are
 ``index / (n - 1)`` at the training grid, ours patch indices, so the init is divided by ``n - 1`` of the reference
-grid's side. Learned: NTK and YaRN do not apply.
+grid's side. Scaling modes: ``none``, ``pi``, ``normalized`` (on the coordinates); learned generators, so NTK and
+YaRN, which rescale a fixed ladder, do not apply.
 
 Which generators are shared, as in the authors' released code (StanfordMIMI/LieRE):
 

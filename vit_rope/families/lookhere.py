@@ -13,8 +13,8 @@ fields of view of the released LH-90, quadrants and cardinal wedges, in our head
 
 The bias is built a block of queries at a time as attention takes it (:class:`~vit_rope.tables.AttentionBias`), or,
 for a grid whose ``(heads, N, N)`` bias is small, once per grid (cached with the other tables); each layer scales it
-by its own ``s_layer``. Coordinate modes apply (``"pi"`` shortens distances, as the paper's lower slopes at high
-resolution).
+by its own ``s_layer``. Scaling modes: ``none``, ``pi``, ``normalized``, the coordinate modes (``"pi"`` shortens
+distances, as the paper's lower slopes at high resolution); it has no frequencies for NTK or YaRN to rescale.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """RoPE-Mixed (Heo et al., "Rotary Position Embedding for Vision Transformer", ECCV 2024).
 
 Every channel pair turns by ``coords · F[:, pair]`` with a learned frequency vector over all axes, per head (and per
-layer): a pair can turn with any direction of the plane. Learned, so NTK and YaRN (which rescale a fixed ladder) do
-not apply.
+layer): a pair can turn with any direction of the plane. Scaling modes: ``none``, ``pi``, ``normalized`` (on the
+coordinates); learned, so NTK and YaRN, which rescale a fixed ladder, do not apply.
 """
 
 from __future__ import annotations

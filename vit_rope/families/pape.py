@@ -34,8 +34,8 @@ Precision: the expanded terms grow as ``‖p‖²`` while the bias is their diff
 is unchanged) and attention over the extended q and k runs in float32 at least, under autocast too: rounded to
 bfloat16 the columns would move the logits by up to 0.5 at 14×14 and 16 at 64×64 with the init's parabolas (float32:
 4e-5 and 9e-4). Under bfloat16 this attention is therefore a float32 one (the memory-efficient kernels take float32;
-flash attention does not), its output rounded back. Coordinate modes apply (``"pi"``, ``"normalized"``,
-``coords="normalized"`` shorten offsets).
+flash attention does not), its output rounded back. Scaling modes: ``none``, ``pi``, ``normalized``, the coordinate
+modes (``"pi"``, ``"normalized"``, ``coords="normalized"`` shorten offsets); it has no frequencies for NTK or YaRN.
 """
 
 from __future__ import annotations

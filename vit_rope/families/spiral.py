@@ -9,8 +9,9 @@ axial RoPE exactly. The paper multiplies its base-10000 ladder by 1.5; here the 
 that the comparison with axial isolates the directions.
 
 Leading axes (time in video) keep axial sections of their own (by default a quarter of the channels each); the last
-two axes (rows, cols) are the plane. A fixed ladder, so NTK and YaRN apply, with one scale for the plane (the larger
-of its two). By default as many directions as fit, from 4 up to 8.
+two axes (rows, cols) are the plane. Scaling modes: all five; on its fixed ladder NTK and YaRN take one scale for the
+plane (the larger of its two: directions mix them) and each leading axis's own. By default as many directions as fit,
+from 4 up to 8.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ arXiv 2502.02562).
 per head (and per layer), and RoPE(p) axial RoPE whose frequencies are learned too (the paper learns both). Exactly
 relative: ``<R(a) q, R(b) k> = <RoPE(a) P q, RoPE(b) P k>``, so attention folds P into the q and k projections and
 runs at axial RoPE's speed. S starts at zero and the frequencies at axial RoPE's ladder (choices of ours: the paper
-states neither), so a model starts as axial RoPE. Learned frequencies: NTK and YaRN do not apply.
+states neither), so a model starts as axial RoPE. Scaling modes: ``none``, ``pi``, ``normalized`` (on the
+coordinates); learned frequencies, so NTK and YaRN, which rescale a fixed ladder, do not apply.
 """
 
 from __future__ import annotations

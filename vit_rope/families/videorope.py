@@ -24,8 +24,19 @@ paper (``diagonal=False`` keeps each frame's indices centred and still, M-RoPE's
 The ladder's base is axial RoPE's (theta 100, not the LLM's 1e6), so that a comparison with axial isolates the layout.
 
 All three are linear in the coordinates (plus a translation shared by every token), so the rotations commute and
-attention between patch tokens is exactly relative. Extrapolation: the coordinate modes; the one interleaved ladder
-has no per-axis ladder for NTK or YaRN to rescale.
+attention between patch tokens is exactly relative.
+
+Scaling modes: all five. The coordinate modes (``pi``, ``normalized``) act on (t, h, w) before the layout. NTK-aware
+scaling and YaRN rescale the one ladder as the authors' extrapolation code does (NTK: the whole ladder's base
+``theta · s ** (d / (d - 2))``, d its rotated channels, not one per axis; YaRN: the ramp over that ladder), each pair
+at the scale of the coordinate it turns with: the growth of that coordinate's extent from the reference grid to the
+grid the per-axis factors s make of it, each extent counted as axial RoPE counts n positions. Time's is δ·T, so its
+pairs take ``s_t``; h and w advance with time on the diagonal, their extents ``δ·T + H`` and ``δ·T + W``, so larger
+frames rescale them by less than ``s_h``, ``s_w`` (the diagonal's share stays), and a longer clip rescales them too:
+tokens further apart in time meet at h and w offsets training never saw. One factor s on every axis rescales every
+pair by s, and ``diagonal=False`` gives h and w exactly ``s_h``, ``s_w``: axial RoPE's rule. The authors'
+VideoRoPE++ code, for an LLM whose frames keep their size, rescales time's pairs and keeps the spatial ones. YaRN's
+ramp counts turns over the reference grid's extents, and its temperature ``0.1 ln s + 1`` is each pair's own.
 """
 
 from __future__ import annotations
@@ -37,7 +48,7 @@ from torch import Tensor
 
 from ..tables import Build, RotaryTable
 from . import register_family
-from .axial import frequency_ladder
+from .axial import frequency_ladder, yarn_temperature
 from .base import PairFamily, Scaling
 
 __all__ = ["VideoRoPE", "diagonal_coordinates"]
@@ -60,6 +71,7 @@ class VideoRoPE(PairFamily):
     name = "videorope"
     min_axes = max_axes = 3  # (t, h, w) in grid axis order
     model_name = None  # video only: no vit_<name>_* image models; the video models take pos_embed="videorope"
+    scaling_modes = ("none", "pi", "ntk", "yarn", "normalized")
 
     def __init__(
         self,
@@ -68,9 +80,11 @@ class VideoRoPE(PairFamily):
         *,
         temporal_spacing: float = 2.0,
         diagonal: bool = True,
+        yarn_beta: tuple[float, float] = (32.0, 1.0),
         **kwargs,
     ) -> None:
         super().__init__(dim, axes, **kwargs)
+        self.yarn_beta = tuple(yarn_beta)
         if self.grid_indexing != "xy":
             raise ValueError("VideoRoPE lays out h and w interleaved, then t: grid_indexing='ij' means nothing here")
         if self.axis_dims[1] != self.axis_dims[2]:
@@ -96,16 +110,49 @@ class VideoRoPE(PairFamily):
             raise ValueError(f"dim={dim} is too small for VideoRoPE: it needs a head dim of 8 or more")
         return (2 * (pairs - spatial), spatial, spatial)
 
+    def extents(self, grid: tuple[float, ...]) -> tuple[float, float, float]:
+        """How far the coordinates of time's, the rows' and the columns' pairs reach over a (T, H, W) grid, counted as
+        axial RoPE counts n positions: ``δ·T``; ``δ·T + H`` and ``δ·T + W`` on the diagonal, where h and w advance with
+        time (H and W without it)."""
+        T, H, W = grid
+        time = self.temporal_spacing * T
+        return (time, time + H, time + W) if self.diagonal else (time, H, W)
+
+    def pair_scales(self, scaling: Scaling) -> tuple[float, ...]:
+        """The scale factor of the pairs of t, h and w: the growth of their coordinate's extent from the reference grid
+        to the grid the per-axis factors make of it (the factors themselves without a reference grid)."""
+        if scaling.ref_grid is None:
+            return scaling.scales
+        grown = [n * s for n, s in zip(scaling.ref_grid, scaling.scales, strict=True)]
+        return tuple(a / b for a, b in zip(self.extents(grown), self.extents(scaling.ref_grid), strict=True))
+
     def frequency_matrix(self, scaling: Scaling | None = None) -> Tensor:
         """The ``(3, dim // 2)`` float64 frequency matrix over (t, h, w): one ladder over the rotated pairs, the
-        spatial pairs first (even: h, odd: w), time's last (the lowest); unrotated pairs (if any) zero."""
+        spatial pairs first (even: h, odd: w), time's last (the lowest); unrotated pairs (if any) zero. Under NTK or
+        YaRN each axis's pairs take the ladder rescaled at their own scale (:meth:`pair_scales`)."""
+        ext = scaling or Scaling("none", (1.0,) * self.axes)
         spatial, time = (self.axis_dims[1] + self.axis_dims[2]) // 2, self.axis_dims[0] // 2  # pairs of h and w; of t
-        ladder = frequency_ladder(2 * (spatial + time), self.theta)
+        scales = self.pair_scales(ext)
+        lengths = self.extents(ext.ref_grid) if ext.ref_grid else (0.0,) * 3
+        t, h, w = (
+            frequency_ladder(2 * (spatial + time), self.theta, ext.mode, s, length, self.yarn_beta)
+            for s, length in zip(scales, lengths, strict=True)
+        )
         F = torch.zeros(3, self.dim // 2, dtype=torch.float64)
-        F[1, 0:spatial:2] = ladder[0:spatial:2]
-        F[2, 1:spatial:2] = ladder[1:spatial:2]
-        F[0, spatial : spatial + time] = ladder[spatial:]
+        F[1, 0:spatial:2] = h[0:spatial:2]
+        F[2, 1:spatial:2] = w[1:spatial:2]
+        F[0, spatial : spatial + time] = t[spatial:]
         return F
+
+    def temperature(self, scaling: Scaling) -> Tensor | None:
+        """YaRN's attention temperature of each pair, at its axis's scale (:meth:`pair_scales`)."""
+        scales = self.pair_scales(scaling)
+        if scaling.mode != "yarn" or max(scales) <= 1:
+            return None
+        m = torch.ones(self.dim // 2, dtype=torch.float64)
+        for axis, pairs in enumerate(self.frequency_groups()):
+            m[pairs] = yarn_temperature(scales[axis])
+        return m
 
     def encode(self, coords: Tensor, scaling: Scaling, build: Build) -> RotaryTable:
         return super().encode(diagonal_coordinates(coords, self.temporal_spacing, self.diagonal), scaling, build)

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from ..checkpoint import checkpoint_filter_fn, inflate_image_checkpoint, unwrap_state_dict
+from ..vit import absolute_embedding
 from .folder import read_own
 
 __all__ = ["check_record", "load_initial_weights", "model_record", "read_checkpoint", "read_record", "resume_remedy",
@@ -48,10 +49,13 @@ def why_unreadable(e: BaseException) -> str:
 def model_kind(model: nn.Module) -> str:
     """What kind of model this is, as a record names it: for ours, the position encoding (weights of one encoding
     have the names and shapes of another's: RoPE's and LookHere's, say; an image model's weights inflate into the
-    video model of its encoding); for any other, its class."""
+    video model of its encoding), with an absolute embedding its pos_embed does not name (RoPE + APE's weights are
+    RoPE's and a pos_embed); for any other, its class."""
     pos_embed = getattr(model, "pos_embed_type", None)
     if type(model).__module__.startswith("vit_rope.") and isinstance(pos_embed, str):
-        return f"vit_rope ViT, pos_embed={pos_embed}"
+        added = getattr(model, "abs_pos_embed", "none")
+        extra = f", abs_pos_embed={added}" if added != absolute_embedding(pos_embed) else ""
+        return f"vit_rope ViT, pos_embed={pos_embed}{extra}"
     return f"{type(model).__module__}.{type(model).__qualname__}"
 
 
