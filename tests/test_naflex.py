@@ -59,6 +59,17 @@ def test_a_sample_in_a_batch_of_other_grids_equals_the_sample_alone(kind):
         assert features["patches"][:, model.num_prefix_tokens :][padding].abs().max() == 0
 
 
+@pytest.mark.parametrize(
+    "kind, extra", [("rope", "ape"), ("rope", "sincos"), ("lookhere", "ape"), ("rope_ape", "none")]
+)
+def test_a_family_with_an_absolute_embedding_takes_a_native_batch(kind, extra):
+    model, pictures = model_of(kind, abs_pos_embed=extra), images(6)
+    with torch.no_grad():
+        logits = model(collate(pictures))
+        for i, picture in enumerate(pictures):
+            torch.testing.assert_close(logits[i], model(picture[None])[0], rtol=0, atol=1e-5)
+
+
 @pytest.mark.parametrize("pool", ["token", "max", "avg"])
 @pytest.mark.parametrize(
     "kwargs",

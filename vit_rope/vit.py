@@ -410,7 +410,7 @@ class VisionTransformer(nn.Module):
         norm = getattr(self.patch_embed, "norm", None)
         x = x if norm is None else norm(x)
         grids = sample_grids(coord, valid)  # (B, axes)
-        sincos = self.pos_embed_type == "sincos"
+        sincos = self.abs_pos_embed == "sincos"
         x = absolute_positions_of_tokens(x, coord, grids, self.pos_embed, sincos, self.patch_embed.grid_size)
         x = x.masked_fill(~valid.unsqueeze(-1), 0.0)  # padding carries nothing, whatever its pixels
         prefix = [t.expand(x.shape[0], -1, -1) for t in (self.cls_token, self.reg_token) if t is not None]
