@@ -378,16 +378,16 @@ def config_problem(config: Any, registered: set[str]) -> str:
     bad = [k for k in args if not k.isidentifier() or k in LOADER_ARGS]
     if bad:
         return f"its model_args holds {bad[0][:60]!r}, which is not an argument of a model (it says how to load one)"
-    cfg = config.get("pretrained_cfg", {})
-    if not isinstance(cfg, dict):
-        return f"its pretrained_cfg is a JSON {type(cfg).__name__}, not an object"
-    size = cfg.get("input_size")
+    pretrained = config.get("pretrained_cfg", {})
+    if not isinstance(pretrained, dict):
+        return f"its pretrained_cfg is a JSON {type(pretrained).__name__}, not an object"
+    size = pretrained.get("input_size")
     if size is not None and not (
         isinstance(size, list) and len(size) in (3, 4) and all(type(s) is int and s >= 1 for s in size)
     ):
         return f"its pretrained_cfg input_size is {str(size)[:60]}, not 3 or 4 whole numbers of at least 1"
     for key in ("mean", "std"):
-        value = cfg.get(key)
+        value = pretrained.get(key)
         if value is not None and not (
             isinstance(value, list) and 1 <= len(value) <= 64 and all(is_number(v) for v in value)
             and (key == "mean" or all(v > 0 for v in value))
@@ -400,9 +400,9 @@ def config_problem(config: Any, registered: set[str]) -> str:
         ("interpolation", lambda v: isinstance(v, str), "a string"),
         ("crop_pct", lambda v: is_number(v) and v > 0, "a number above 0"),
     ):
-        if cfg.get(key) is not None and not check(cfg[key]):
-            return f"its pretrained_cfg {key} is {str(cfg[key])[:40]!r}, not {what}"
-    for where, labels in (("", config.get("label_names")), ("pretrained_cfg ", cfg.get("label_names"))):
+        if pretrained.get(key) is not None and not check(pretrained[key]):
+            return f"its pretrained_cfg {key} is {str(pretrained[key])[:40]!r}, not {what}"
+    for where, labels in (("", config.get("label_names")), ("pretrained_cfg ", pretrained.get("label_names"))):
         if labels is not None and not (
             (isinstance(labels, list) and all(isinstance(v, str) for v in labels))
             or (isinstance(labels, dict) and all(isinstance(v, str) for v in labels.values()))
@@ -430,7 +430,7 @@ def read_model_folder(path: str | Path) -> ModelFolder:
     problem = config_problem(config, set(timm.list_models()))
     if problem:
         raise folder_error(path, f"its {CONFIG} is not a model's config: {problem}")
-    cfg = config.get("pretrained_cfg", {})
+    pretrained = config.get("pretrained_cfg", {})
     args = {k: v for k, v in config.get("model_args", {}).items() if k != "num_classes"}
-    return ModelFolder(path, config["architecture"], args, config.get("num_classes"), cfg.get("input_size"),
-                       cfg.get("mean"), cfg.get("std"))  # fmt: skip
+    return ModelFolder(path, config["architecture"], args, config.get("num_classes"), pretrained.get("input_size"),
+                       pretrained.get("mean"), pretrained.get("std"))  # fmt: skip
