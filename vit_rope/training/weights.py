@@ -311,7 +311,6 @@ class ModelFolder:
     path: Path
     architecture: str
     model_args: dict[str, Any]
-    num_classes: int | None
     input_size: list[int] | None  # (C, H, W), or (C, T, H, W) for a clip model
     mean: list[float] | None
     std: list[float] | None
@@ -432,5 +431,5 @@ def read_model_folder(path: str | Path) -> ModelFolder:
         raise folder_error(path, f"its {CONFIG} is not a model's config: {problem}")
     pretrained = config.get("pretrained_cfg", {})
     args = {k: v for k, v in config.get("model_args", {}).items() if k != "num_classes"}
-    return ModelFolder(path, config["architecture"], args, config.get("num_classes"), pretrained.get("input_size"),
-                       pretrained.get("mean"), pretrained.get("std"))  # fmt: skip
+    return ModelFolder(path, config["architecture"], args, pretrained.get("input_size"), pretrained.get("mean"),
+                       pretrained.get("std"))  # fmt: skip
