@@ -11,7 +11,8 @@ Every model trains once per seed (--seeds) under every recipe (``recipes``: name
 as multi-resolution training with --train-sizes): a run each. Outputs in --output: results.csv (one row per run,
 eval size, protocol and RoPE scaling mode), results.md (mean ± std over seeds), accuracy_vs_resolution.png,
 extrapolation.png, log.csv (per epoch), config.yaml (resolved), and per run <tag>/model.safetensors (last weights)
-and <tag>/checkpoint.pt (resume state, written atomically every epoch).
+with <tag>/config.json (timm's: the folder is a timm model folder, ``timm.create_model("local-dir:<tag folder>")``)
+and <tag>/checkpoint.pt (resume state), written atomically every epoch.
 
 Every setting is checked, and every model built once, before anything in --output changes; the run then holds a
 lock on the folder and writes only its own files there. What --resume does with changed settings, and what
@@ -32,7 +33,6 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from safetensors.torch import save as safetensors_bytes
 from timm.data import Mixup
 from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from timm.optim import create_optimizer_v2
@@ -58,13 +58,28 @@ from vit_rope.training.folder import (
     remove_run_files,
     write_json,
 )
-from vit_rope.training.models import build_model, check_input_sizes, data_config, import_modules, scaling_modes
+from vit_rope.training.models import (
+    build_model,
+    check_input_sizes,
+    data_config,
+    from_model_folder,
+    import_modules,
+    scaling_modes,
+)
 from vit_rope.training.naflex import batch_to, images_in, loss_scale, naflex_loader
 from vit_rope.training.plan import Run, plan_runs
 from vit_rope.training.report import write_results
 from vit_rope.training.rng import all_rng_states, restore_rng_state, seed_everything
 from vit_rope.training.settings import DEFAULTS, Settings, parse, read_yaml, resumed
-from vit_rope.training.weights import RECORD, check_record, read_checkpoint, resume_remedy, trained_epochs
+from vit_rope.training.weights import (
+    check_record,
+    read_checkpoint,
+    resume_remedy,
+    save_model_folder,
+    timm_config,
+    trained_epochs,
+    weights_file,
+)
 
 HERE = Path(__file__).resolve().parent
 
@@ -91,8 +106,8 @@ def check_folder(settings: Settings, plan: list[Run]) -> list[Path]:
     if not settings.overwrite:
         raise SystemExit(
             f"error: {out} holds a run already ({found[0]}); continue it with --resume, or replace it with "
-            "--overwrite (which deletes its results, log, config and each run's checkpoint.pt, model.safetensors and "
-            "results.json), or choose another --output"
+            "--overwrite (which deletes its results, log, config and each run's checkpoint.pt, model.safetensors, "
+            "config.json and results.json), or choose another --output"
         )
     try:  # the earlier run's own folders, named by its config (one that cannot be read, or names a folder that is not
         # a plain child of --output, names none: a config is data, and deletes only what run_folder allows)
@@ -316,6 +331,7 @@ def checked_model(run: Run, data: Data) -> tuple[list[str], torch.nn.Module]:
                     f"error: model {spec}{where} refuses {size}-px input ({e}); create it with dynamic_img_size=True "
                     f"(timm's ViTs), or leave {size} out of --eval-sizes and --train-sizes"
                 ) from None
+    folder_config(run, model, data)  # (config.json can be written: checked before any training)
     modes = scaling_modes(model, settings.rope_scaling)
     if not modes:
         raise SystemExit(
@@ -323,6 +339,27 @@ def checked_model(run: Run, data: Data) -> tuple[list[str], torch.nn.Module]:
             f"{list(model.rope_scaling_modes())}); add one of those"
         )
     return modes, model
+
+
+def folder_config(run: Run, model: torch.nn.Module, data: Data) -> dict:
+    """The config.json of the run's folder (timm's format, :func:`~vit_rope.training.weights.timm_config`): the model
+    as built, with the run's normalisation, training size and class names; one line where timm cannot write it."""
+    dc = data_config(run.settings, run.spec)
+    try:
+        return timm_config(model, run.settings.img_size, dc["mean"], dc["std"], class_names(data.train))
+    except (ValueError, TypeError) as e:
+        raise SystemExit(
+            f"error: model {run.spec}: its config.json cannot be written ({e}); give model kwargs of plain values "
+            "(numbers, strings, lists, mappings)"
+        ) from None
+
+
+def class_names(ds: Dataset | None) -> list[str] | None:
+    """The class names of a training set, where its dataset has them (through subsets and transforms)."""
+    while ds is not None and not hasattr(ds, "classes"):
+        ds = getattr(ds, "dataset", getattr(ds, "ds", None))  # inside torch's Subset, the harness's Transformed
+    names = getattr(ds, "classes", None)
+    return [str(c) for c in names] if isinstance(names, list | tuple) else None
 
 
 # ------------------------------------------------------------------------------------------------------ data
@@ -524,7 +561,7 @@ def train_model(run: Run, data: Data, device: torch.device) -> torch.nn.Module:
     if settings.naflex:  # timm's schedule: the same number of batches every epoch
         steps = len(train_loader(run, data, model, 0))
     training = make_training(settings, model, data.num_classes, steps)
-    checkpoint, start = run.folder / "checkpoint.pt", 0
+    checkpoint, start, config = run.folder / "checkpoint.pt", 0, folder_config(run, model, data)
     if settings.resume and (checkpoint.exists() or checkpoint.is_symlink()):
         start = resume_from(checkpoint, model, training)
         if rank == 0:
@@ -553,7 +590,7 @@ def train_model(run: Run, data: Data, device: torch.device) -> torch.nn.Module:
             record = model.vit_rope_record
             state = dict(model=model.state_dict(), optimizer=training.optimizer.state_dict(), model_ema=ema,
                          epoch=epoch, rng=rngs, record=record)  # fmt: skip
-            save_checkpoint(run.folder, state, evaluated, record)
+            save_checkpoint(run.folder, state, evaluated, record, config)
         if dist.is_initialized():
             dist.barrier()
     if training.ema is not None:
@@ -561,13 +598,13 @@ def train_model(run: Run, data: Data, device: torch.device) -> torch.nn.Module:
     return model
 
 
-def save_checkpoint(folder: Path, state: dict, evaluated: torch.nn.Module, record: dict[str, str]) -> None:
-    """The evaluated weights (model.safetensors, its metadata the model's record) and the resume state
-    (checkpoint.pt), each written atomically."""
+def save_checkpoint(
+    folder: Path, state: dict, evaluated: torch.nn.Module, record: dict[str, str], config: dict
+) -> None:
+    """The evaluated weights as a timm model folder (model.safetensors, its metadata the model's record, and timm's
+    config.json) and the resume state (checkpoint.pt), each written atomically."""
     folder.mkdir(exist_ok=True)
-    weights = {k: v.detach().cpu().contiguous() for k, v in evaluated.state_dict().items()}
-    metadata = {"format": "pt", RECORD: json.dumps(record)}
-    atomic_write(folder / "model.safetensors", lambda w, f: f.write(safetensors_bytes(w, metadata)), weights)
+    save_model_folder(folder, evaluated, record, config)
     atomic_write(folder / "checkpoint.pt", torch.save, state)
 
 
@@ -644,13 +681,16 @@ def model_results(run: Run, checked: tuple[Data, list[str]], trained: int, devic
 # ------------------------------------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> list[dict]:
     # every check first: a command that fails leaves --output as it was
-    settings = resumed(*parse_config(argv))
+    settings, given = parse_config(argv)
+    settings = resumed(settings, given)
     import_modules(settings.imports)  # the user's own families and models, named on this command line only
     resolve_device(settings.device)
-    if settings.initial_checkpoint and not os.path.isfile(settings.initial_checkpoint):
+    start = settings.initial_checkpoint
+    if start and not (os.path.isfile(start) or os.path.isdir(start)):
         raise SystemExit(
-            f"error: --initial-checkpoint {settings.initial_checkpoint!r} does not exist or is not a regular file"
+            f"error: --initial-checkpoint {start!r} does not exist or is neither a regular file nor a model folder"
         )
+    settings = from_model_folder(settings, given)  # a model folder names the model: its config.json
     one_process = int(os.environ.get("WORLD_SIZE", "1")) == 1
     if resolve_device(settings.device).type == "cpu" and one_process and "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(os.cpu_count() or 1)
@@ -694,7 +734,7 @@ def start_run(settings: Settings, plan: list[Run], earlier: list[Path]) -> None:
     always come from its config.yaml); a fresh run also removes its runs' own resume state and log, and with
     --overwrite the earlier run's files (by name, never a glob); then config.yaml is written."""
     out, start = check_output(settings.output), settings.initial_checkpoint
-    keep = Path(start).resolve() if start else None  # --initial-checkpoint may be an earlier run's weights
+    keep = Path(weights_file(start)).resolve() if start else None  # it may be an earlier run's weights
     if settings.resume:
         remove_run_files(out, [], RESULT_FILES)
     else:

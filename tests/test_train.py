@@ -1,6 +1,7 @@
 """train.py end to end on tiny settings: outputs, resume after SIGKILL, torchrun, fine-tuning, errors."""
 
 import csv
+import json
 import math
 import os
 import shutil
@@ -17,6 +18,7 @@ import torch
 import yaml
 from PIL import Image
 from safetensors.torch import load_file, save_file
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
 import train
 from vit_rope import FAMILIES
@@ -131,26 +133,43 @@ def make_imagefolder(root: Path, classes: int, per_class: int, size: int = 24) -
             Image.fromarray((img.permute(1, 2, 0) * 255).byte().numpy()).save(d / f"{i}.png")
 
 
-def test_finetune_from_checkpoint_with_other_classes_and_size(tmp_path):
+def without_models(args: list[str]) -> list[str]:
+    """TINY's arguments without --models, --model-kwargs and --img-size (a model folder names the model and its
+    size itself)."""
+    flags = [i for i, a in enumerate(args) if a.startswith("--")]
+    keep = [(i, j) for i, j in zip(flags, [*flags[1:], len(args)], strict=True)
+            if args[i] not in ("--models", "--model-kwargs", "--img-size")]  # fmt: skip
+    return [a for i, j in keep for a in args[i:j]]
+
+
+@pytest.mark.parametrize("start", ["file", "folder"])
+def test_finetune_from_checkpoint_with_other_classes_and_size(start, tmp_path):
+    """From a run's weights (its model.safetensors named with the model and its kwargs, or its folder, whose
+    config.json names them) to another class count and size; the fine-tuned weights evaluated alone give the numbers
+    of the end of fine-tuning."""
     train.main([*TINY, "--models", "vit_ape_tiny", "--epochs", "1", "--output", str(tmp_path / "pre")])
     make_imagefolder(tmp_path / "folder", classes=3, per_class=6)
-    ckpt = tmp_path / "pre" / "vit_ape_tiny" / "model.safetensors"
+    data = ["--dataset", "imagefolder", "--data-dir", str(tmp_path / "folder"), "--eval-sizes", "24"]
+    model = [*TINY, "--models", "vit_ape_tiny"] if start == "file" else without_models(TINY)
+    weights = "model.safetensors" if start == "file" else ""
     rows = train.main([
-        *TINY, "--models", "vit_ape_tiny", "--dataset", "imagefolder", "--data-dir", str(tmp_path / "folder"),
-        "--img-size", "24", "--eval-sizes", "24", "--epochs", "1", "--batch-size", "6", "--no-aug",
-        "--initial-checkpoint", str(ckpt), "--output", str(tmp_path / "ft"),
+        *model, *data, "--img-size", "24", "--epochs", "1", "--batch-size", "6", "--no-aug",
+        "--initial-checkpoint", str(tmp_path / "pre" / "vit_ape_tiny" / weights), "--output", str(tmp_path / "ft"),
     ])  # fmt: skip
-    assert [r["eval_size"] for r in rows] == [24]
+    assert [r["eval_size"] for r in rows] == [24] and rows[0]["model"] == "vit_ape_tiny"
     tuned = load_file(tmp_path / "ft" / "vit_ape_tiny" / "model.safetensors")
-    assert tuned["head.weight"].shape == (3, 32) and tuned["pos_embed"].shape == (1, 9, 32)
-    # eval-only of the fine-tuned weights gives the same numbers as the end of fine-tuning
+    # (a model folder's model is made as it was, at its img_size: its APE keeps the 2x2 grid of 16 px, resampled)
+    assert tuned["head.weight"].shape == (3, 32) and tuned["pos_embed"].shape == (1, 9 if weights else 4, 32)
+    config = json.loads((tmp_path / "ft" / "vit_ape_tiny" / "config.json").read_text())
+    assert config["num_classes"] == 3 and config["label_names"] == ["class0", "class1", "class2"]
+    assert config["pretrained_cfg"]["input_size"] == [3, 24, 24]
+    # eval-only of the fine-tuned weights (its folder: the size it was trained at from config.json)
+    size = ["--img-size", "24"] if start == "file" else []
     again = train.main([
-        *TINY, "--models", "vit_ape_tiny", "--dataset", "imagefolder", "--data-dir", str(tmp_path / "folder"),
-        "--img-size", "24", "--eval-sizes", "24", "--eval-only",
-        "--initial-checkpoint", str(tmp_path / "ft" / "vit_ape_tiny" / "model.safetensors"),
-        "--output", str(tmp_path / "ev"),
+        *model, *data, *size, "--eval-only",
+        "--initial-checkpoint", str(tmp_path / "ft" / "vit_ape_tiny" / weights), "--output", str(tmp_path / "ev"),
     ])  # fmt: skip
-    assert again[0]["top1"] == rows[0]["top1"] and again[0]["loss"] == rows[0]["loss"]
+    assert again == rows
 
 
 def test_video_comparison_runs(tmp_path):
@@ -162,6 +181,9 @@ def test_video_comparison_runs(tmp_path):
     ])  # fmt: skip
     assert {r["model"] for r in rows} == {"vit_rope3d_tiny:pos_embed=ape", "vit_rope3d_tiny"}
     assert (tmp_path / "vit_rope3d_tiny__pos_embed=ape" / "model.safetensors").exists()
+    config = json.loads((tmp_path / "vit_rope3d_tiny__pos_embed=ape" / "config.json").read_text())
+    assert config["model_args"]["pos_embed"] == "ape" and config["model_args"]["num_frames"] == 4
+    assert config["pretrained_cfg"]["input_size"] == [3, 4, 16, 16]  # a clip: (C, T, H, W)
 
 
 def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
@@ -563,6 +585,37 @@ def test_a_second_run_on_the_same_output_is_refused_while_the_first_runs(tmp_pat
         first.wait()
     with folder.locked(run):  # released by the OS when the first run was killed
         pass
+
+
+def test_a_finished_run_is_a_timm_model_folder(finished_run):
+    """Each run's folder is a timm model folder: config.json names the architecture with every kwarg the run made it
+    with, the run's preprocessing and class names, and timm alone ("local-dir:") rebuilds the model with the logits
+    of its weights loaded into a model built by hand."""
+    by_hand_args = dict(patch_size=8, depth=1, embed_dim=32, num_heads=2, img_size=16)
+    for name in ("vit_ape_tiny", "vit_rope_tiny"):
+        folder = finished_run / name
+        config = json.loads((folder / "config.json").read_text())
+        assert config["architecture"] == name and config["num_classes"] == 8
+        assert config["label_names"] == list(D.DIRECTIONS)
+        assert {k: config["model_args"][k] for k in by_hand_args} == {**by_hand_args, "img_size": [16, 16]}
+        cfg = config["pretrained_cfg"]
+        assert (cfg["input_size"], cfg["interpolation"], cfg["crop_pct"]) == ([3, 16, 16], "bicubic", 1.0)
+        assert (cfg["mean"], cfg["std"]) == (list(IMAGENET_DEFAULT_MEAN), list(IMAGENET_DEFAULT_STD))
+        by_hand = timm.create_model(name, num_classes=8, **by_hand_args).eval()
+        by_hand.load_state_dict(load_file(folder / "model.safetensors"))
+        loaded = timm.create_model(f"local-dir:{folder}", pretrained=True).eval()
+        x = torch.randn(2, 3, 24, 24)
+        with torch.no_grad():
+            assert torch.equal(loaded(x), by_hand(x))
+
+
+def test_eval_only_of_a_run_folder_gives_the_runs_own_results(finished_run, tmp_path):
+    """--eval-only --initial-checkpoint <a run's folder>: no model, kwarg or size named, the rows the run wrote."""
+    rows = train.main([
+        "--eval-only", "--initial-checkpoint", str(finished_run / "vit_rope_tiny"), "--eval-sizes", "16", "24",
+        "--rope-scaling", "none", "pi", "--train-samples", "96", "--val-samples", "32", "--output", str(tmp_path),
+    ])  # fmt: skip
+    assert rows == json.loads((finished_run / "vit_rope_tiny" / "results.json").read_text())
 
 
 def test_eval_only_refuses_weights_that_do_not_fit_a_model(finished_run, tmp_path):

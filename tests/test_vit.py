@@ -3,6 +3,7 @@ gradient checkpointing, set_input_size), sizes, token dropping, compile, fx, exp
 block, logits equal to the code before the frozen-table core, an absolute embedding added to every family
 (abs_pos_embed), and model arguments out of range."""
 
+import json
 import os
 import sys
 
@@ -85,6 +86,25 @@ def test_every_image_model_builds_runs_forward_backward(name):
     out.square().mean().backward()
     missing = [n for n, p in model.named_parameters() if p.grad is None]
     assert not missing, f"no gradient for {missing}"
+
+
+def test_a_pretrained_tags_arguments_go_into_timms_config(tmp_path):
+    """A tag such as DINOv3's applies model arguments (4 registers, normalised coordinates, rotate-half, ...); timm's
+    save_for_hf names the model without its tag, so the tag's arguments are recorded with the caller's: the saved
+    folder rebuilds the same model ("local-dir:"), the caller's arguments still winning over the tag's."""
+    torch.manual_seed(0)
+    model = tiny("vit_rope_small.dinov3_lvd1689m", embed_dim=32, num_heads=2, patch_size=8, num_classes=3,
+                 rope_theta=50.0).eval()  # fmt: skip
+    timm.models.save_for_hf(model, str(tmp_path), safe_serialization=True)
+    args = json.loads((tmp_path / "config.json").read_text())["model_args"]
+    assert {k: args[k] for k in ("reg_tokens", "rope_coords", "rope_layout", "rope_theta")} == dict(
+        reg_tokens=4, rope_coords="normalized", rope_layout="half", rope_theta=50.0
+    )
+    loaded = timm.create_model(f"local-dir:{tmp_path}", pretrained=True).eval()
+    assert loaded.num_reg_tokens == 4 and loaded.position_encoding.family.theta == 50.0
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(loaded(x), model(x))
 
 
 def test_parameter_count_matches_timm_vit_s():

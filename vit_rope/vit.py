@@ -586,7 +586,7 @@ def _create(variant: str, pretrained: bool, size: str, kind: str, **kwargs) -> V
     caller's (another pos_embed too)."""
     tag = kwargs.get("pretrained_cfg") if isinstance(kwargs.get("pretrained_cfg"), str) else None
     args = dict(patch_size=16, pos_embed=kind, **SIZES[size], **TAG_ARGS.get(tag, {}))
-    return build_model_with_cfg(
+    model = build_model_with_cfg(
         VisionTransformer,
         variant,
         pretrained,
@@ -594,6 +594,10 @@ def _create(variant: str, pretrained: bool, size: str, kind: str, **kwargs) -> V
         feature_cfg=dict(out_indices=3, feature_cls="getter"),
         **dict(args, **kwargs),
     )
+    # timm's create_model records the caller's kwargs for its config.json (save_for_hf), which names the model without
+    # its tag: the tag's arguments are part of what the model is (the caller's, added by timm, override them)
+    model._model_args = {**TAG_ARGS.get(tag, {}), **getattr(model, "_model_args", {})}
+    return model
 
 
 def _entrypoint(variant: str, size: str, pos_embed: str, what: str):

@@ -191,7 +191,7 @@ def test_a_run_folder_swapped_for_a_link_after_an_epoch_is_never_written_through
     with pytest.raises(SystemExit) as stop:
         train.main([*ONE, "--epochs", "2", "--output", str(out)])
     assert "is not a folder of the run's own any more" in one_line(stop)
-    assert sorted(os.listdir(elsewhere)) == ["checkpoint.pt", "model.safetensors"]
+    assert sorted(os.listdir(elsewhere)) == ["checkpoint.pt", "config.json", "model.safetensors"]
     assert train.torch.load(elsewhere / "checkpoint.pt", weights_only=True)["epoch"] == 0  # epoch 1's, untouched
 
 

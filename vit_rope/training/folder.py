@@ -34,7 +34,7 @@ __all__ = ["MODEL_FILES", "RESULT_FILES", "RUN_FILES", "append_csv", "atomic_wri
 
 RESULT_FILES = ("results.csv", "results.md", "accuracy_vs_resolution.png", "extrapolation.png")
 RUN_FILES = ("config.yaml", "log.csv", *RESULT_FILES)
-MODEL_FILES = ("checkpoint.pt", "model.safetensors", "results.json")
+MODEL_FILES = ("checkpoint.pt", "model.safetensors", "config.json", "results.json")  # config.json: timm's, of the model
 LOCK = ".lock"
 LOG_FIELDS = ("model", "epoch", "train_loss", "train_top1", "val_loss", "val_top1", "lr", "seconds")
 _DIR_FD = os.open in os.supports_dir_fd and os.rename in os.supports_dir_fd  # (os.replace: renameat too)
@@ -150,21 +150,22 @@ def atomic_write(path: Path, write: Callable[[object, BinaryIO], None], obj: obj
         os.close(folder)
 
 
-def read_own(path: Path, what: str, remedy: str) -> bytes | None:
+def read_own(path: Path, what: str, remedy: str, expected: str = "a file the run wrote") -> bytes | None:
     """The bytes of a file a run wrote and reads back (None where there is none), opened without following a link and
     only if it is a regular file: a link (to another run's file, say), a FIFO (which would block), a device or a
-    folder in its place is one line naming it and ``remedy``."""
+    folder in its place is one line naming it, what it should be (``expected``) and ``remedy``."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
         return None
     except OSError as e:
         kind = "a symbolic link" if path.is_symlink() else f"unreadable ({e.strerror})"
-        raise SystemExit(f"error: {what} {path} is {kind}, not a file the run wrote; {remedy}") from None
+        raise SystemExit(f"error: {what} {path} is {kind}, not {expected}; {remedy}") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):  # (before fdopen, which refuses a folder with a traceback of its own)
+        os.close(fd)
+        raise SystemExit(f"error: {what} {path} is {file_kind(mode)}, not {expected}; {remedy}")
     with os.fdopen(fd, "rb") as f:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise SystemExit(f"error: {what} {path} is {file_kind(mode)}, not a file the run wrote; {remedy}")
         return f.read()
 
 

@@ -9,6 +9,7 @@ import os
 import re
 import stat
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import timm
@@ -17,9 +18,10 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, resolve_data_
 
 from .data import VIDEO_DATASETS
 from .settings import Settings, key_value
-from .weights import load_initial_weights, model_record, why_unreadable
+from .weights import load_initial_weights, model_record, read_model_folder, why_unreadable
 
-__all__ = ["build_model", "check_input_sizes", "data_config", "import_modules", "scaling_modes", "split_spec"]
+__all__ = ["build_model", "check_input_sizes", "data_config", "from_model_folder", "import_modules", "scaling_modes",
+           "split_spec"]  # fmt: skip
 
 
 def import_modules(names: tuple[str, ...]) -> None:
@@ -48,6 +50,39 @@ def import_modules(names: tuple[str, ...]) -> None:
                 importlib.import_module(name)
         except Exception as e:  # the user's module failed: say which and why, not where inside it
             raise SystemExit(f"error: --imports {name!r} cannot be imported ({why_unreadable(e)})") from None
+
+
+def from_model_folder(settings: Settings, given: dict) -> Settings:
+    """With a model folder as ``--initial-checkpoint`` (config.json beside model.safetensors, as a run or timm's
+    save_for_hf writes it), the folder names the model: ``models`` becomes its architecture and ``model_kwargs`` its
+    model_args (with the normalisation it was trained with, where it gives one), replacing those of the config files;
+    ``models`` or ``model_kwargs`` that the command line (or a ``--config`` it names, or a resumed run) says
+    otherwise are one line. ``img_size`` becomes the size it was trained at unless the command line gives one. The
+    class count stays the data's (a classifier of another count is re-initialised)."""
+    path = settings.initial_checkpoint
+    if not path or not os.path.isdir(path):
+        return settings
+    folder = read_model_folder(path)
+    kwargs = dict(folder.model_args)
+    if folder.mean is not None and folder.std is not None:
+        kwargs["pretrained_cfg_overlay"] = dict(mean=folder.mean, std=folder.std)
+    wanted = dict(models=(folder.architecture,), model_kwargs=kwargs)
+    saved = Path(settings.output) / "config.yaml"  # a resumed run's settings: the folder's when the run began
+    resuming = settings.resume and (saved.exists() or saved.is_symlink())
+    said = {k: getattr(settings, k) for k in wanted if k in given or resuming}
+    differ = [k for k, v in said.items() if v != wanted[k]]
+    if differ:
+        flags = " and ".join(f"--{k.replace('_', '-')}" for k in differ)
+        values = ", ".join(f"{k} {said[k]}" for k in differ)
+        raise SystemExit(
+            f"error: --initial-checkpoint {path!r} is a model folder, whose config.json names the model "
+            f"({folder.architecture} with {kwargs}), and {flags} say otherwise ({values}); leave {flags} out, or "
+            "point --initial-checkpoint at the folder's model.safetensors to load its weights into the models you name"
+        )
+    size = folder.input_size
+    if size is not None and size[-1] == size[-2] and "img_size" not in given and not resuming:
+        wanted["img_size"] = size[-1]  # the size it was trained at, unless the command line says another
+    return replace(settings, **wanted)
 
 
 def split_spec(spec: str) -> tuple[str, dict]:
@@ -88,7 +123,8 @@ def data_config(settings: Settings, spec: str) -> dict:
             "pretrained config, e.g. pretrained_cfg_overlay={file: weights.safetensors}"
         )
     pcfg.update(overlay)
-    return resolve_data_config({}, pretrained_cfg=pcfg or dict(mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD))
+    dc = resolve_data_config({}, pretrained_cfg=pcfg or dict(mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD))
+    return {**dc, "mean": tuple(dc["mean"]), "std": tuple(dc["std"])}  # (an overlay's YAML or JSON lists: hashable)
 
 
 def model_args(settings: Settings, spec: str) -> tuple[str, dict, dict]:

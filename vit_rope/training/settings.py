@@ -91,7 +91,9 @@ class Settings:
     imports: tuple[str, ...] = setting((), "Python modules to import before the models are built (families or "
                                        "models of your own): dotted module names, or paths of .py files",
                                        resume=APPLIES)  # fmt: skip
-    initial_checkpoint: str | None = setting(None, "start from these weights: a .safetensors, or a run's checkpoint.pt")
+    initial_checkpoint: str | None = setting(None, "start from these weights: a .safetensors, a run's checkpoint.pt, "
+                                             "or a model folder (a run's <model> folder, timm's save_for_hf), whose "
+                                             "config.json then names the model and its kwargs")  # fmt: skip
     allow_transfer: bool = setting(False, "let --initial-checkpoint load weights that record another kind of model "
                                    "(another position encoding or architecture): a deliberate transfer")  # fmt: skip
     pretrained: bool = setting(False, "start from the models' published weights")
@@ -163,8 +165,8 @@ class Settings:
                           must="a path (no NUL character)", resume=APPLIES)  # fmt: skip
     resume: bool = setting(False, "continue the run in --output from its last finished epochs", resume=APPLIES)
     overwrite: bool = setting(False, "start anew in an --output that holds a run: first delete that run's results, "
-                              "log and config, and each of its runs' checkpoint.pt, model.safetensors and results.json "
-                              "(by these names; other files stay)", resume=APPLIES)  # fmt: skip
+                              "log and config, and each of its runs' checkpoint.pt, model.safetensors, config.json and "
+                              "results.json (by these names; other files stay)", resume=APPLIES)  # fmt: skip
     seed: int = setting(0, "seed of weights, data order and augmentation (of the one run per model without --seeds)",
                         check=between(0, 2**31 - 1), must="in [0, 2**31 - 1]")  # fmt: skip
     device: str = setting("auto", "auto, cpu, cuda, cuda:N or mps", resume=APPLIES)

@@ -9,31 +9,45 @@ encoding, and its arguments) in ``model.safetensors``'s metadata and in ``checkp
 model of the kind they record (``--allow-transfer`` lets ``--initial-checkpoint`` cross kinds on purpose); a file
 without a record (timm's, another tool's) is matched by its weights' names and shapes alone. Every field read back is
 checked for its type and range before it is used: a file a run did not write in this process is data, never trusted.
+
+A run's folder is a timm model folder: ``config.json`` (timm's format: the architecture, its ``model_args`` and the
+preprocessing) beside ``model.safetensors``, so that ``timm.create_model("local-dir:<folder>", pretrained=True)``
+rebuilds the model, and ``--initial-checkpoint <folder>`` takes the model and its weights from it.
 """
 
 import io
 import json
 import math
+import os
 import pickle
 import random
+import stat
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import timm
 import torch
+from safetensors.torch import save as safetensors_bytes
+from timm.models._hub import save_config_for_hf  # (timm.models exports push_to_hf_hub, not its config writer)
 from torch import nn
 
 from ..checkpoint import checkpoint_filter_fn, inflate_image_checkpoint, unwrap_state_dict
 from ..vit import absolute_embedding
-from .folder import read_own
+from .folder import atomic_write, file_kind, read_own
 
-__all__ = ["check_record", "load_initial_weights", "model_record", "read_checkpoint", "read_record", "resume_remedy",
-           "timm_checkpoint_filter", "trained_epochs"]  # fmt: skip
+__all__ = ["CONFIG", "ModelFolder", "check_record", "load_initial_weights", "model_record", "read_checkpoint",
+           "read_model_folder", "read_record", "resume_remedy", "save_model_folder", "timm_checkpoint_filter",
+           "timm_config", "trained_epochs", "weights_file"]  # fmt: skip
 
 STATE_KEYS = ("model", "optimizer", "model_ema", "epoch", "rng")  # a checkpoint.pt's resume state
 RECORD = "vit_rope.record"  # the metadata key of model.safetensors (checkpoint.pt: "record")
 RECORD_FIELDS = ("model", "kind", "model_args")
 MAX_EPOCHS = 10**6  # an epoch count past this is no run's
+CONFIG, WEIGHTS = "config.json", "model.safetensors"  # a timm model folder's files
 
 
 def why_unreadable(e: BaseException) -> str:
@@ -209,9 +223,10 @@ def trained_epochs(path: Path) -> int:
 # -------------------------------------------------------------------------------------------- initial weights
 def load_initial_weights(model: nn.Module, path: str, video: bool, spec: str, allow_transfer: bool = False) -> None:
     """``--initial-checkpoint`` into ``model``: a .safetensors, or any torch file of tensors (a run's checkpoint.pt
-    gives its EMA weights if it has them, else its model's); ours rename and resample timm's keys, timm's own models
-    take their own weights as saved. Weights that record another kind of model are refused unless
-    ``allow_transfer``."""
+    gives its EMA weights if it has them, else its model's), or a model folder's model.safetensors; ours rename and
+    resample timm's keys, timm's own models take their own weights as saved. Weights that record another kind of
+    model are refused unless ``allow_transfer``."""
+    path = weights_file(path)
     filter_fn = inflate_image_checkpoint if video else checkpoint_filter_fn
     if not type(model).__module__.startswith("vit_rope."):
         filter_fn = timm_checkpoint_filter
@@ -248,3 +263,177 @@ def timm_checkpoint_filter(state_dict: dict, model: nn.Module) -> dict:
             "the model the checkpoint was saved from (its kwargs), or load that model's own checkpoint"
         )
     return {**{k: v for k, v in own.items() if k.startswith(heads)}, **weights}
+
+
+# ------------------------------------------------------------------------------------------ timm model folders
+# create_model's own arguments, which say where weights come from or how layers are made, not what the model is: a
+# config.json's model_args never holds them (a received folder must not name a file or URL to load)
+LOADER_ARGS = frozenset({"pretrained", "pretrained_cfg", "pretrained_cfg_overlay", "pretrained_model_args",
+                         "checkpoint_path", "cache_dir", "scriptable", "exportable", "no_jit", "device",
+                         "dtype"})  # fmt: skip
+MAX_CONFIG_BYTES = 16 << 20  # ImageNet-22k's label names fit many times over
+
+
+def timm_config(
+    model: nn.Module, img_size: int, mean: Sequence[float], std: Sequence[float], labels: Sequence[str] | None = None
+) -> dict[str, Any]:
+    """The config.json of a run's model folder, by timm's own writer (``save_config_for_hf``): the architecture, the
+    arguments timm's factory recorded (plus a pretrained tag's), the class count, and the preprocessing the run used:
+    input size ``img_size`` at the model's channels, ``mean`` and ``std``, evaluation's bicubic resize with crop 1.0;
+    ``labels`` (one per class) where the data names them. A video model's input size keeps its frames, (C, T, H, W),
+    as its registered config and timm's loader of it have it. A model argument JSON cannot hold is a ValueError."""
+    data_config = dict(img_size=img_size, mean=tuple(mean), std=tuple(std), interpolation="bicubic", crop_pct=1.0)
+    extra = dict(label_names=list(labels)) if labels and len(labels) == getattr(model, "num_classes", None) else {}
+    # timm writes by path (following a link, not atomically): into a private folder, whose bytes atomic_write moves
+    with tempfile.TemporaryDirectory(prefix="vit_rope_config_") as private:
+        path = Path(private) / CONFIG
+        save_config_for_hf(model, str(path), model_config=extra, data_config=data_config)
+        config = json.loads(path.read_text(encoding="utf-8"))
+    registered = getattr(model, "pretrained_cfg", {}).get("input_size", ())
+    if len(registered) == 4:  # a clip model: timm's writer knows images only
+        channels, height, width = config["pretrained_cfg"]["input_size"]
+        frames = config.get("model_args", {}).get("num_frames", registered[1])
+        config["pretrained_cfg"]["input_size"] = [channels, frames, height, width]
+    return config
+
+
+def save_model_folder(folder: Path, model: nn.Module, record: dict[str, str], config: dict[str, Any]) -> None:
+    """``model``'s weights (model.safetensors, its metadata the model's record) and ``config`` (config.json, from
+    :func:`timm_config`) in ``folder``, each through the run's one atomic, no-follow write."""
+    weights = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    metadata = {"format": "pt", RECORD: json.dumps(record)}
+    atomic_write(folder / WEIGHTS, lambda w, f: f.write(safetensors_bytes(w, metadata)), weights)
+    atomic_write(folder / CONFIG, lambda c, f: f.write(json.dumps(c, indent=2).encode()), config)
+
+
+@dataclass(frozen=True)
+class ModelFolder:
+    """What a timm model folder's config.json says, every field checked: the registered model to build, its
+    arguments (without the class count, which the data decides) and, where it gives them, the normalisation the
+    weights were trained with."""
+
+    path: Path
+    architecture: str
+    model_args: dict[str, Any]
+    input_size: list[int] | None  # (C, H, W), or (C, T, H, W) for a clip model
+    mean: list[float] | None
+    std: list[float] | None
+
+
+def folder_error(path: Path, problem: str) -> SystemExit:
+    return SystemExit(
+        f"error: --initial-checkpoint {str(path)!r}: {problem}; give it a model folder as train.py or timm's "
+        f"save_for_hf writes one ({CONFIG} and {WEIGHTS}), or point it at a weights file and name the model with "
+        "--models"
+    )
+
+
+def weights_file(path: str | Path) -> str:
+    """The weights of ``--initial-checkpoint``: the file itself, or a model folder's model.safetensors, which must be
+    a regular file and not a link (a folder received from someone else is data: a link could point anywhere)."""
+    if not os.path.isdir(path):
+        return str(path)
+    weights = Path(path) / WEIGHTS
+    try:
+        mode = os.lstat(weights).st_mode
+    except FileNotFoundError:
+        raise folder_error(Path(path), f"the folder has no {WEIGHTS}") from None
+    if not stat.S_ISREG(mode):
+        raise folder_error(Path(path), f"its {WEIGHTS} is {file_kind(mode)}, not a regular file")
+    return str(weights)
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [k for k, _ in pairs]
+    twice = sorted({k for k in keys if keys.count(k) > 1})
+    if twice:
+        raise ValueError(f"the key {twice[0]!r} is given twice")
+    return dict(pairs)
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a number JSON has")
+
+
+def is_number(value: Any) -> bool:
+    return type(value) in (int, float) and math.isfinite(value)
+
+
+def config_problem(config: Any, registered: set[str]) -> str:
+    """What is wrong with a config.json's fields ('' if nothing): their types, a registered architecture, model
+    arguments that are model arguments, and the preprocessing fields this harness reads."""
+    if not isinstance(config, dict):
+        return f"it holds a JSON {type(config).__name__}, not an object of timm's fields"
+    arch = config.get("architecture")
+    if not isinstance(arch, str):
+        return f"its architecture is {str(arch)[:60]!r}, not a model name"
+    if arch not in registered:  # an exact registry name: no tag, no hf-hub: or local-dir: source, no module path
+        return (
+            f"its architecture {arch[:80]!r} is no model registered in timm here (vit_rope's or timm's own; nothing "
+            "named in a config.json is imported: --imports the module that registers a model of your own)"
+        )
+    num_classes = config.get("num_classes")
+    if num_classes is not None and (type(num_classes) is not int or num_classes < 0):
+        return f"its num_classes is {str(num_classes)[:40]!r}, not a whole number of at least 0"
+    args = config.get("model_args", {})
+    if not isinstance(args, dict):
+        return f"its model_args is a JSON {type(args).__name__}, not an object of argument names to values"
+    bad = [k for k in args if not k.isidentifier() or k in LOADER_ARGS]
+    if bad:
+        return f"its model_args holds {bad[0][:60]!r}, which is not an argument of a model (it says how to load one)"
+    pretrained = config.get("pretrained_cfg", {})
+    if not isinstance(pretrained, dict):
+        return f"its pretrained_cfg is a JSON {type(pretrained).__name__}, not an object"
+    size = pretrained.get("input_size")
+    if size is not None and not (
+        isinstance(size, list) and len(size) in (3, 4) and all(type(s) is int and s >= 1 for s in size)
+    ):
+        return f"its pretrained_cfg input_size is {str(size)[:60]}, not 3 or 4 whole numbers of at least 1"
+    for key in ("mean", "std"):
+        value = pretrained.get(key)
+        if value is not None and not (
+            isinstance(value, list) and 1 <= len(value) <= 64 and all(is_number(v) for v in value)
+            and (key == "mean" or all(v > 0 for v in value))
+        ):  # fmt: skip
+            return f"its pretrained_cfg {key} is {str(value)[:60]}, not a list of finite numbers" + (
+                " above 0" if key == "std" else ""
+            )
+    for key, check, what in (
+        ("num_classes", lambda v: type(v) is int and v >= 0, "a whole number of at least 0"),
+        ("interpolation", lambda v: isinstance(v, str), "a string"),
+        ("crop_pct", lambda v: is_number(v) and v > 0, "a number above 0"),
+    ):
+        if pretrained.get(key) is not None and not check(pretrained[key]):
+            return f"its pretrained_cfg {key} is {str(pretrained[key])[:40]!r}, not {what}"
+    for where, labels in (("", config.get("label_names")), ("pretrained_cfg ", pretrained.get("label_names"))):
+        if labels is not None and not (
+            (isinstance(labels, list) and all(isinstance(v, str) for v in labels))
+            or (isinstance(labels, dict) and all(isinstance(v, str) for v in labels.values()))
+        ):
+            return f"its {where}label_names is not a list (or an object) of strings"
+    return ""
+
+
+def read_model_folder(path: str | Path) -> ModelFolder:
+    """A timm model folder's config.json, read as data from a possibly hostile source: a regular file (not a link,
+    FIFO or device) of UTF-8 JSON, at most 16 MiB, no key twice, no NaN; every field it uses checked
+    (:func:`config_problem`). The architecture is looked up in timm's registry, never imported; one line otherwise."""
+    path = Path(path)
+    remedy = f"give the folder {CONFIG} as a regular file (copy the file in place of a link)"
+    data = read_own(path / CONFIG, f"--initial-checkpoint {str(path)!r}: its", remedy, expected="a regular file")
+    if data is None:
+        raise folder_error(path, f"the folder has no {CONFIG}")
+    weights_file(path)  # (the weights' file, checked now as well)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise folder_error(path, f"its {CONFIG} is larger than {MAX_CONFIG_BYTES >> 20} MiB, no model's config")
+    try:
+        config = json.loads(data.decode("utf-8"), object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise folder_error(path, f"its {CONFIG} cannot be read as JSON ({str(e)[:120] or type(e).__name__})") from None
+    problem = config_problem(config, set(timm.list_models()))
+    if problem:
+        raise folder_error(path, f"its {CONFIG} is not a model's config: {problem}")
+    pretrained = config.get("pretrained_cfg", {})
+    args = {k: v for k, v in config.get("model_args", {}).items() if k != "num_classes"}
+    return ModelFolder(path, config["architecture"], args, pretrained.get("input_size"), pretrained.get("mean"),
+                       pretrained.get("std"))  # fmt: skip
