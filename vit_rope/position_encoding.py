@@ -232,7 +232,8 @@ class PositionEncoding(nn.Module):
         table = self._build(grid, positions, device, torch.float64 if dtype == torch.float64 else torch.float32, grids)
         p = self.num_prefix_tokens
         if valid is not None:
-            table = replace(table, keys=torch.cat((valid.new_ones(valid.shape[0], p), valid), dim=1).to(device))
+            keys = torch.cat((valid.new_ones(valid.shape[0], p), valid), dim=1).to(device)  # (B, prefix + N)
+            table = replace(table, keys=keys[:, None, None, :])  # SDPA's key-only mask
         if tokens is None:
             return table
         prefix = torch.arange(p, device=tokens.device).expand(tokens.shape[0], p)

@@ -14,8 +14,8 @@ projection to ``(B, heads, N, dim)``. A family builds its table once, in its fin
 generators or bias terms) with :class:`Build`, which carries what the pipeline adds to every family: the prefix rows
 (cls, registers: unturned, unbiased), p-RoPE's turning pairs, YaRN's temperature and the dtype.
 
-A table of a native-resolution batch (:mod:`vit_rope.naflex`) also holds ``keys``, the real tokens of each sample:
-every ``attend`` leaves the padding out (a key-only mask), so padding never changes a real token's output.
+A table of a native-resolution batch (:mod:`vit_rope.naflex`) also holds ``keys``, the real tokens of each sample as
+SDPA's key-only mask: every ``attend`` leaves the padding out, so padding never changes a real token's output.
 
 Leading dims broadcast against attention's ``(B, heads, N, dim)``: ``([B,] [layer,] [heads,] N, ...)``, where per-sample
 tables (token dropping) and per-layer ones always carry a head dim (1 when heads share it); a table whose
@@ -131,7 +131,9 @@ class Table:
     """No relative position encoding: plain attention. The base of every table, and the one verb attention uses."""
 
     per_layer: bool = False  # one entry per model layer, right after the batch dim; layer(i) picks one
-    keys: Tensor | None = None  # (B, N) bool: the tokens attention may look at (padding of a native-resolution batch)
+    # (B, 1, 1, N) bool: the tokens attention may look at (not the padding of a native-resolution batch), as SDPA's
+    # key-only mask, which keeps its fused kernels
+    keys: Tensor | None = None
 
     def layer(self, index: int) -> Table:
         """The table of model layer ``index`` (a table shared by every layer is returned as it is)."""
@@ -139,18 +141,15 @@ class Table:
 
     def gather(self, rows: Tensor) -> Table:
         """Each sample's tokens ``rows (B, T)`` (prefix rows included): a per-sample table."""
-        return self if self.keys is None else replace(self, keys=self.keys.gather(1, rows.to(self.keys.device)))
-
-    def key_mask(self) -> Tensor | None:
-        """SDPA's mask of the keys every query may look at, ``(B, 1, 1, N)`` bool (a key-only mask keeps fused
-        kernels), or None: all."""
-        return None if self.keys is None else self.keys[:, None, None, :]
+        if self.keys is None:
+            return self
+        return replace(self, keys=self.keys.gather(-1, rows.to(self.keys.device)[:, None, None, :]))
 
     def attend(self, x: Tensor, qkv: nn.Linear, heads: int, targets: str, dropout: float) -> Tensor:
         """Attention over the layer's input ``x (B, N, C)`` → ``(B, heads, N, dim)``; ``targets``: which of q, k, v
         and the output a rotation turns (letters of "qkvo")."""
         q, k, v = split_heads(qkv(x), heads)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=self.key_mask(), dropout_p=dropout)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=self.keys, dropout_p=dropout)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -256,7 +255,7 @@ class RotaryTable(Table):
         q = self.rotate(q, in_basis=not folded) if "q" in targets else q
         k = self.rotate(k, in_basis=not folded) if "k" in targets else k
         v = self.rotate(v) if "v" in targets else v
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=self.key_mask(), dropout_p=dropout)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=self.keys, dropout_p=dropout)
         return self.rotate(out, inverse=True) if "o" in targets else out
 
     def rotate(self, x: Tensor, inverse: bool = False, in_basis: bool = True) -> Tensor:
@@ -397,8 +396,8 @@ class AttentionBias(Table):
             # expanded to every batch dim (a view): CPU attention then takes its fused kernel (docs/speed.md)
             bias = self.block(start, stop).to(q.dtype).expand(B, heads, stop - start, N)
             if self.keys is not None:  # padding: unseen; a padding query sees every real key, unbiased (never none)
-                bias = bias.masked_fill(~self.keys[:, None, start:stop, None], 0.0)
-                bias = bias.masked_fill(~self.key_mask(), float("-inf"))
+                bias = bias.masked_fill(~self.keys[..., start:stop].mT, 0.0)  # (B, 1, rows, 1): padding queries
+                bias = bias.masked_fill(~self.keys, float("-inf"))
             out.append(F.scaled_dot_product_attention(q[:, :, start:stop], k, v, attn_mask=bias, dropout_p=dropout))
         return out[0] if len(out) == 1 else torch.cat(out, dim=2)
 
@@ -460,8 +459,7 @@ class ParabolicBias(Table):
         q, k = self.extend(q, k)  # float32 at least (16-bit columns would round the bias away at large offsets)
         v = F.pad(v.to(q.dtype), [0, q.shape[-1] - dim])
         with outside_autocast(q.device.type):  # autocast would round q and k to 16 bits again
-            mask = self.key_mask()
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=dim**-0.5)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=self.keys, dropout_p=dropout, scale=dim**-0.5)
         return out[..., :dim].to(dtype)
 
     def extend(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:

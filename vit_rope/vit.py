@@ -419,7 +419,8 @@ class VisionTransformer(nn.Module):
             positions = coord.to(torch.float64)
             table = self.position_encoding(None, positions, grids=grids, valid=valid, device=x.device, dtype=x.dtype)
         else:
-            table = Table(keys=torch.cat((valid.new_ones(x.shape[0], self.num_prefix_tokens), valid), dim=1))
+            keys = torch.cat((valid.new_ones(x.shape[0], self.num_prefix_tokens), valid), dim=1)  # (B, prefix + N)
+            table = Table(keys=keys[:, None, None, :])
         if self.training and self.patch_drop.prob > 0:  # NaFlex's token dropping: real tokens are kept first
             rows = keep_tokens(valid, self.patch_drop.prob, self.num_prefix_tokens)  # (B, prefix + K)
             x, table = x.gather(1, rows.unsqueeze(-1).expand(-1, -1, x.shape[-1])), table.gather(rows)
@@ -444,8 +445,8 @@ class VisionTransformer(nn.Module):
         if not naflex:
             return x
         return {
-            "patches": x.masked_fill(~table.keys.unsqueeze(-1), 0.0),
-            "patch_valid": table.keys[:, self.num_prefix_tokens :],
+            "patches": x.masked_fill(~table.keys[:, 0, 0, :, None], 0.0),
+            "patch_valid": table.keys[:, 0, 0, self.num_prefix_tokens :],
         }
 
     def pool(self, x: Tensor, pool_type: str | None = None, patch_valid: Tensor | None = None) -> Tensor:
@@ -504,7 +505,7 @@ class VisionTransformer(nn.Module):
             x = self.run_block(i, x, table)
             if i in take_indices:
                 y = self.norm(x) if norm else x
-                intermediates.append(y if table.keys is None else y.masked_fill(~table.keys.unsqueeze(-1), 0.0))
+                intermediates.append(y if table.keys is None else y.masked_fill(~table.keys[:, 0, 0, :, None], 0.0))
         prefix = [y[:, : self.num_prefix_tokens] for y in intermediates]
         spatial = [y[:, self.num_prefix_tokens :] for y in intermediates]
         if output_fmt == "NCHW":  # (B, N, C) → (B, C, *grid)
@@ -515,7 +516,7 @@ class VisionTransformer(nn.Module):
             return spatial
         x = self.norm(x)
         if table.keys is not None:
-            x = x.masked_fill(~table.keys.unsqueeze(-1), 0.0)
+            x = x.masked_fill(~table.keys[:, 0, 0, :, None], 0.0)
         return x, spatial
 
     def prune_intermediate_layers(
