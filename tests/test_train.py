@@ -279,7 +279,7 @@ def test_folder_splits_use_the_training_class_indices(tmp_path, dataset):
     make_folder(tmp_path / "ok", dict(train="abc", val="ac"), clips=clips)
     cfg, _ = train.parse_config([*TINY, "--dataset", dataset, "--data-dir", str(tmp_path / "ok"), "--num-frames", "2"])
     dc = dict(mean=(0.5,) * 3, std=(0.5,) * 3)
-    train_ds, eval_set, num_classes = D.build_data(cfg, dc)
+    train_ds, eval_set, num_classes, _ = D.build_data(cfg, dc)
     assert num_classes == 3 and len(train_ds) == 3
     val = eval_set(16, "resize")
     assert sorted(val[i][1] for i in range(len(val))) == [0, 2]
