@@ -805,13 +805,14 @@ def test_a_run_killed_while_fine_tuning_resumes_to_the_same_results(tmp_path, mo
         if "finetune" in run.tag:
             calls["n"] += 1
             if calls["n"] == 2:
+                real = loader
 
                 class OneBatchThenKill:
                     def __len__(self):
-                        return len(loader)
+                        return len(real)
 
                     def __iter__(self):
-                        batches = iter(loader)
+                        batches = iter(real)
                         yield next(batches)
                         raise KilledWhileFineTuning
 
