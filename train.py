@@ -19,6 +19,7 @@ lock on the folder and writes only its own files there. What --resume does with 
 --overwrite deletes: docs/what_happens_when.md.
 """
 
+import copy
 import json
 import math
 import os
@@ -26,7 +27,7 @@ import sys
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NoReturn
 
@@ -149,11 +150,12 @@ def checked_data(settings: Settings, dc: dict) -> Data:
     return data
 
 
-def preflight(plan: list[Run]) -> dict[str, tuple[Data, list[str]]]:
+def preflight(plan: list[Run]) -> dict[str, tuple[Data, list[str], list[str]]]:
     """The optimizer, the data and every model (under each recipe) built once on the CPU before anything is written,
     so that what would fail later fails now: an optimizer timm lacks, a dataset that is missing or unreadable, a
     kwarg the model refuses or one that makes its outputs non-finite, weights that do not fit, eval or training sizes
-    it does not take. Returns run tag → (data, the model's scaling modes); runs that agree on the data share it."""
+    it does not take. Returns run tag → (data, the model's scaling modes, those it fine-tunes under); runs that agree on
+    the data share it."""
     for settings in {run.recipe: run.settings for run in plan}.values():
         try:  # timm's names: its own error says which it knows
             make_optimizer(torch.nn.Linear(1, 1), settings, steps=1)
@@ -169,11 +171,12 @@ def preflight(plan: list[Run]) -> dict[str, tuple[Data, list[str]]]:
         if (run.spec, run.recipe) not in models:
             models[run.spec, run.recipe] = checked_model(run, data[key])
         modes, model = models[run.spec, run.recipe]
+        tuned = scaling_modes(model, run.settings.finetune_scaling) if run.settings.finetune_sizes else []
         if run.settings.resume:  # everything the resumed run reads back, checked before anything changes
             if not run.settings.eval_only:
                 check_resume_state(run.folder / "checkpoint.pt", model, run)
-            read_results(run, eval_jobs(run.settings, modes))
-        checked[run.tag] = (data[key], modes)
+            read_results(run, eval_jobs(run.settings, modes, tuned))
+        checked[run.tag] = (data[key], modes, tuned)
     if plan[0].settings.resume:
         read_log(Path(plan[0].settings.output).resolve() / "log.csv")
     return checked
@@ -322,7 +325,9 @@ def checked_model(run: Run, data: Data) -> tuple[list[str], torch.nn.Module]:
             "one of these is out of range (as rope_theta=0); fix it in --model-kwargs or the model spec"
         )
     if not getattr(model, "dynamic_img_size", False):  # timm's ViTs take other sizes only when built to
-        for size in sorted({*settings.eval_sizes, *settings.train_sizes} - {settings.img_size}):
+        for size in sorted(
+            {*settings.eval_sizes, *settings.train_sizes, *settings.finetune_sizes} - {settings.img_size}
+        ):
             try:
                 with torch.no_grad():
                     model(resize_batch(sample, size))
@@ -332,13 +337,15 @@ def checked_model(run: Run, data: Data) -> tuple[list[str], torch.nn.Module]:
                     f"(timm's ViTs), or leave {size} out of --eval-sizes and --train-sizes"
                 ) from None
     folder_config(run, model, data)  # (config.json can be written: checked before any training)
-    modes = scaling_modes(model, settings.rope_scaling)
-    if not modes:
-        raise SystemExit(
-            f"error: {spec} takes none of --rope-scaling {list(settings.rope_scaling)} (it takes "
-            f"{list(model.rope_scaling_modes())}); add one of those"
-        )
-    return modes, model
+    for key in ("rope_scaling", "finetune_scaling"):
+        if key == "finetune_scaling" and not settings.finetune_sizes:
+            continue
+        if not scaling_modes(model, getattr(settings, key)):
+            raise SystemExit(
+                f"error: {spec} takes none of --{key.replace('_', '-')} {list(getattr(settings, key))} (it takes "
+                f"{list(model.rope_scaling_modes())}); add one of those"
+            )
+    return scaling_modes(model, settings.rope_scaling), model
 
 
 def folder_config(run: Run, model: torch.nn.Module, data: Data) -> dict:
@@ -619,14 +626,18 @@ def log_epoch(out: Path, run: Run, row: dict) -> None:
 
 
 # ------------------------------------------------------------------------------------------------- evaluation
-def eval_jobs(settings: Settings, modes: list[str]) -> list[tuple[str, int, str]]:
-    """(protocol, eval size, scaling mode) of every result row of one model, in order."""
+def eval_jobs(settings: Settings, modes: list[str], tuned: list[str] = ()) -> list[tuple[str, int, str]]:
+    """(protocol, eval size, scaling mode) of every result row of one model, in order: zero-shot under ``modes``,
+    then each fine-tuning (--finetune-sizes) under ``tuned``."""
     native = settings.native_eval and settings.dataset in ("synthetic", "synthetic_video")
     jobs = [(p, s, m) for p in ["resize"] + ["native"] * native for s in settings.eval_sizes for m in modes]
     # n: tokens an image; NTK and YaRN rescale one frequency ladder for a whole batch, and the images of a NaFlex
     # batch each ask their own scale: the modes of coordinates (per image) alone
-    per_image = [m for m in modes if m not in ("ntk", "yarn")]
-    return jobs + [("naflex", n, m) for n in settings.eval_seq_lens for m in per_image]
+    jobs += [("naflex", n, m) for n in settings.eval_seq_lens for m in modes if m not in ("ntk", "yarn")]
+    return jobs + [(FINETUNE, s, m) for s in settings.finetune_sizes for m in tuned]
+
+
+FINETUNE = "finetune"  # the protocol of the rows of a model fine-tuned at the size it is evaluated at
 
 
 def evaluate_resolutions(run: Run, model, data: Data, modes: list[str], device) -> list[dict]:
@@ -654,13 +665,63 @@ def evaluate_resolutions(run: Run, model, data: Data, modes: list[str], device) 
     return rows
 
 
-def model_results(run: Run, checked: tuple[Data, list[str]], trained: int, device) -> list[dict]:
+def finetune_loader(ds: Dataset, settings: Settings, size: int) -> DataLoader:
+    """Exactly --finetune-steps batches per rank, in an order drawn from (seed, size) alone (passes over the data
+    follow one another as needed), so that a fine-tuning computed again after a kill is the same one."""
+    rank, world = rank_world()
+    need = settings.finetune_steps * settings.batch_size * world
+    g = torch.Generator().manual_seed(settings.seed * 100_003 + size + 2**61)  # another stream than training's
+    order: list[int] = []
+    while len(order) < need:
+        order += torch.randperm(len(ds), generator=g).tolist()
+    return DataLoader(torch.utils.data.Subset(ds, order[:need][rank::world]), batch_size=settings.batch_size,
+                      shuffle=False, num_workers=settings.workers, drop_last=True)  # fmt: skip
+
+
+def finetune(run: Run, model: torch.nn.Module, data: Data, tuned: list[str], device) -> list[dict]:
+    """A copy of the trained ``model`` fine-tuned at each --finetune-sizes size under each mode of ``tuned`` (the
+    training images resized from the originals to that size; --finetune-lr, no warm-up, the LR schedule over
+    --finetune-steps, no EMA, no multi-resolution batches), then evaluated there: one row each, protocol 'finetune'.
+    Every fine-tuning starts from the same weights and seeds, so each is a function of the trained model alone, and
+    a run resumed after a kill computes the same ones again."""
+    settings, rank, world = run.settings, *rank_world()
+    if not settings.finetune_sizes:
+        return []
+    ft = replace(settings, lr=settings.finetune_lr, min_lr=min(settings.min_lr, settings.finetune_lr), epochs=1,
+                 warmup_epochs=0, train_sizes=(), ema=False)  # fmt: skip
+    params, rows = sum(p.numel() for p in model.parameters()), []
+    for size in settings.finetune_sizes:
+        for mode in tuned:
+            t0 = time.time()
+            seed_everything(settings.seed + rank)
+            tuned_model = copy.deepcopy(model)
+            if mode != "-":
+                tuned_model.set_rope_scaling(mode)
+            ddp = torch.nn.parallel.DistributedDataParallel(tuned_model) if world > 1 else tuned_model
+            training = make_training(ft, tuned_model, data.num_classes, settings.finetune_steps)
+            job = replace(run, settings=ft, tag=f"{run.tag} finetune {size}px {mode}")
+            loader = finetune_loader(data.train_at(size), ft, size)
+            loss, _ = train_one_epoch(tuned_model, ddp, loader, training, job, 0, device)
+            r = validate(tuned_model, make_loader(data.eval_set(size, "resize"), settings, False, 0), device,
+                         settings.amp)  # fmt: skip
+            rows.append(
+                dict(model=run.model, recipe=run.recipe, seed=run.seed, train_size=settings.img_size, eval_size=size,
+                     protocol=FINETUNE, rope_scaling=mode, top1=round(r["top1"], 2), top5=round(r["top5"], 2),
+                     loss=round(r["loss"], 4), params=params)
+            )  # fmt: skip
+            if rank == 0:
+                print(f"[{job.tag}] {settings.finetune_steps} steps (train loss {loss:.3f}) in "
+                      f"{time.time() - t0:.0f}s: top-1 {r['top1']:.1f}", flush=True)  # fmt: skip
+    return rows
+
+
+def model_results(run: Run, checked: tuple[Data, list[str], list[str]], trained: int, device) -> list[dict]:
     """One run's result rows: a resumed run's, when they are what the settings ask of weights trained for
     ``epochs``; else the model trained (on) and evaluated."""
-    (data, modes), rank, settings = checked, rank_world()[0], run.settings
+    (data, modes, tuned), rank, settings = checked, rank_world()[0], run.settings
     done = run.folder / "results.json"
     if settings.resume and (settings.eval_only or trained == settings.epochs):
-        rows = read_results(run, eval_jobs(settings, modes))
+        rows = read_results(run, eval_jobs(settings, modes, tuned))
         if rows is not None:
             if rank == 0:
                 print(f"[{run.tag}] finished earlier; its results are kept", flush=True)
@@ -670,6 +731,7 @@ def model_results(run: Run, checked: tuple[Data, list[str]], trained: int, devic
     model = train_model(run, data, device)
     t0 = time.time()
     rows = evaluate_resolutions(run, model, data, modes, device)
+    rows += finetune(run, model, data, tuned, device)
     if rank == 0:
         run.folder.mkdir(exist_ok=True)  # an --eval-only run trained nothing into it
         atomic_write(done, write_json, rows)

@@ -302,7 +302,7 @@ def test_folder_splits_use_the_training_class_indices(tmp_path, dataset):
     make_folder(tmp_path / "ok", dict(train="abc", val="ac"), clips=clips)
     cfg, _ = train.parse_config([*TINY, "--dataset", dataset, "--data-dir", str(tmp_path / "ok"), "--num-frames", "2"])
     dc = dict(mean=(0.5,) * 3, std=(0.5,) * 3)
-    train_ds, eval_set, num_classes = D.build_data(cfg, dc)
+    train_ds, eval_set, num_classes, _ = D.build_data(cfg, dc)
     assert num_classes == 3 and len(train_ds) == 3
     val = eval_set(16, "resize")
     assert sorted(val[i][1] for i in range(len(val))) == [0, 2]
@@ -509,6 +509,7 @@ REFUSED_RESUMES = [
     ("other seed", ["--seed", "1"], "cannot change seed 0 -> 1"),
     ("other img size", ["--img-size", "24"], "cannot change img_size 16 -> 24"),
     ("other dataset", ["--dataset", "synthetic_video"], "cannot change dataset 'synthetic' -> 'synthetic_video'"),
+    ("other fine-tuning", ["--finetune-sizes", "24", "--finetune-steps", "7"], "cannot change finetune_steps 300 -> 7"),
 ]
 
 
@@ -554,6 +555,13 @@ def test_a_failed_command_leaves_the_previous_run_as_it_was(case, finished_run, 
         (["--config", "{tmp}/float.yaml"], "--num-frames 2.5: num_frames must be int"),
         (["--config", "{tmp}/scalar.yaml"], "--scale 0.5: scale must be a list of float"),
         (["--config", "{tmp}/list.yaml"], "holds a list, not `key: value` lines"),
+        (["--finetune-sizes", "20"], r"--finetune-sizes \[20\] are not multiples of the patch size 8x8"),
+        (["--finetune-sizes", "24", "24"], "finetune_sizes must be sizes of at least 1, each given once"),
+        (["--finetune-sizes", "24", "--finetune-steps", "0"], "finetune_steps must be at least 1"),
+        (["--finetune-sizes", "24", "--finetune-scaling", "linear"], r"unknown --finetune-scaling mode\(s\)"),
+        (["--models", "vit_rope_mixed_tiny", "--finetune-sizes", "24", "--finetune-scaling", "ntk"],
+         r"takes none of --finetune-scaling \['ntk'\]"),
+        (["--finetune-sizes", "24", "--eval-only", "--pretrained"], "--finetune-sizes trains, and --eval-only trains"),
     ],
 )  # fmt: skip
 def test_out_of_range_values_are_one_line_naming_the_setting(args, message, tmp_path):
@@ -864,3 +872,96 @@ def test_naflex_needs_a_model_that_takes_naflex_batches(tmp_path):
     with pytest.raises(SystemExit, match="resnet18 has no get_patch_size"):
         train.main(["--config", str(tmp_path / "empty.yaml"), *plain, "--models", "resnet18", "--data-dir",
                     str(tmp_path / "folder"), "--output", str(tmp_path / "run")])  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------ fine-tuning
+FINETUNE = [*TINY, "--epochs", "1", "--no-native-eval", "--finetune-steps", "2", "--finetune-scaling", "none", "pi"]
+
+
+def test_finetuning_trains_a_copy_at_each_size_and_evaluates_it_there(tmp_path, monkeypatch):
+    """--finetune-sizes: after training, a copy of each model trains --finetune-steps batches at each size (under each
+    --finetune-scaling mode it takes; APE once) and is evaluated there (protocol 'finetune'); the zero-shot rows are
+    those of a run without fine-tuning (the trained model itself is not changed)."""
+    seen: dict = {}
+    build = train.build_model
+
+    def build_model(settings, spec, num_classes):
+        model = build(settings, spec, num_classes)
+        sizes = seen.setdefault(spec, [])  # a copy keeps the hook: its batches land here too
+        model.register_forward_pre_hook(lambda m, args: sizes.append(args[0].shape[-1]) if m.training else None)
+        return model
+
+    monkeypatch.setattr(train, "build_model", build_model)
+    rows = train.main([*FINETUNE, "--finetune-sizes", "24", "32", "--output", str(tmp_path / "ft")])
+    tuned = [(r["model"], r["eval_size"], r["rope_scaling"]) for r in rows if r["protocol"] == "finetune"]
+    assert tuned == [("vit_ape_tiny", 24, "-"), ("vit_ape_tiny", 32, "-")] + [
+        ("vit_rope_tiny", s, m) for s in (24, 32) for m in ("none", "pi")
+    ]
+    steps = len(train.make_loader(SyntheticScenes(96, 16), train.parse_config(TINY)[0], True, 0))  # one epoch's
+    assert seen["vit_ape_tiny"] == [16] * steps + [24] * 2 + [32] * 2
+    assert seen["vit_rope_tiny"] == [16] * steps + [24] * 4 + [32] * 4
+    assert all(0 <= r["top1"] <= 100 and r["train_size"] == 16 for r in rows)
+    loss = {(r["model"], r["protocol"], r["rope_scaling"]): r["loss"] for r in rows if r["eval_size"] == 24}
+    assert loss["vit_rope_tiny", "finetune", "none"] != loss["vit_rope_tiny", "resize", "none"]  # it trained
+    assert loss["vit_ape_tiny", "finetune", "-"] != loss["vit_ape_tiny", "resize", "-"]
+    monkeypatch.undo()
+    plain = train.main([*FINETUNE, "--output", str(tmp_path / "plain")])
+    assert plain == [r for r in rows if r["protocol"] == "resize"]
+    md = (tmp_path / "ft" / "results.md").read_text()
+    assert "evaluated with protocol `finetune`" in md
+
+
+class KilledWhileFineTuning(BaseException):
+    """A kill in the middle of a fine-tuning (BaseException: nothing in train.py catches it)."""
+
+
+def test_a_run_killed_while_fine_tuning_resumes_to_the_same_results(tmp_path, monkeypatch, capsys):
+    """Killed after one step of its second fine-tuning, the run resumes (--resume) to the results and log of an
+    unbroken run: the trained model from its checkpoint, every fine-tuning computed again from it with the same
+    seeds. Other --finetune-sizes on resume fine-tune the saved weights again without training them again."""
+    args = [
+        *FINETUNE,
+        "--models",
+        "vit_rope_tiny",
+        "--finetune-sizes",
+        "24",
+        "--finetune-steps",
+        "3",
+        "--drop-path",
+        "0.1",
+    ]  # fmt: skip  (drop path draws from the RNG: unseeded fine-tuning would differ)
+    train.main([*args, "--output", str(tmp_path / "full")])
+    original, calls = train.train_one_epoch, {"n": 0}
+
+    def train_one_epoch(model, ddp, loader, training, run, epoch, device):
+        if "finetune" in run.tag:
+            calls["n"] += 1
+            if calls["n"] == 2:
+                real = loader
+
+                class OneBatchThenKill:
+                    def __len__(self):
+                        return len(real)
+
+                    def __iter__(self):
+                        batches = iter(real)
+                        yield next(batches)
+                        raise KilledWhileFineTuning
+
+                loader = OneBatchThenKill()
+        return original(model, ddp, loader, training, run, epoch, device)
+
+    monkeypatch.setattr(train, "train_one_epoch", train_one_epoch)
+    with pytest.raises(KilledWhileFineTuning):
+        train.main([*args, "--output", str(tmp_path / "killed")])
+    monkeypatch.undo()
+    assert calls["n"] == 2 and not (tmp_path / "killed" / "results.csv").exists()
+    capsys.readouterr()
+    train.main(["--output", str(tmp_path / "killed"), "--resume"])
+    assert "[vit_rope_tiny] resumed after epoch 1 of 1" in capsys.readouterr().out
+    same_run(tmp_path / "killed", tmp_path / "full")
+    full = read_csv(tmp_path / "full" / "results.csv")
+    rows = train.main(["--output", str(tmp_path / "killed"), "--resume", "--finetune-sizes", "24", "32"])
+    assert len(read_csv(tmp_path / "killed" / "log.csv")) == 1  # not trained again
+    again = [{k: str(v) for k, v in r.items()} for r in rows if r["eval_size"] != 32]
+    assert again == full and {r["eval_size"] for r in rows if r["protocol"] == "finetune"} == {24, 32}

@@ -69,7 +69,7 @@ def test_fashion_mnist_reads_its_idx_files_where_they_lie(tmp_path, monkeypatch)
     monkeypatch.setattr(tvd.FashionMNIST, "__init__", lambda *a, **k: pytest.fail("torchvision was asked"))
     cfg, _ = train.parse_config(fashion_args(tmp_path))
     dc = dict(mean=(0.0,) * 3, std=(1.0,) * 3)
-    train_ds, eval_set, num_classes = D.build_data(cfg, dc)
+    train_ds, eval_set, num_classes, _ = D.build_data(cfg, dc)
     assert num_classes == 10 and len(train_ds) == 12
     val = eval_set(28, "resize")
     for i in range(6):
@@ -78,7 +78,7 @@ def test_fashion_mnist_reads_its_idx_files_where_they_lie(tmp_path, monkeypatch)
         torch.testing.assert_close(x[1] * 255, torch.from_numpy(splits["t10k"][0][i]).float(), atol=1e-3, rtol=0)
     assert eval_set(56, "resize")[0][0].shape == (3, 56, 56)
     subset, _ = train.parse_config([*fashion_args(tmp_path), "--train-subset", "5", "--val-subset", "4"])
-    train_ds, eval_set, _ = D.build_data(subset, dc)
+    train_ds, eval_set, _, _ = D.build_data(subset, dc)
     assert len(train_ds) == 5 and len(eval_set(28, "resize")) == 4
     labels = [[eval_set(size, "resize")[i][1] for i in range(4)] for size in (20, 28)]
     assert labels[0] == labels[1]  # the same images at every size

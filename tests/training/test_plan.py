@@ -3,6 +3,7 @@ coordinate augmentation) end to end and on --resume, a family against the family
 comparison."""
 
 import statistics
+from pathlib import Path
 
 import pytest
 import torch
@@ -230,3 +231,47 @@ def test_a_timm_model_that_takes_one_size_is_refused_before_training(tmp_path):
     with pytest.raises(SystemExit, match=r"refuses 8-px input .*create it with dynamic_img_size=True"):
         train.main(["--models", "deit3_small_patch16_224", *SMALL, "--output", str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------------------------------------- the shipped configs
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+CONFIGS = sorted(CONFIG_DIR.glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
+def test_every_config_parses_and_plans(path, tmp_path):
+    """Each config in configs/ (GPU ones included: nothing is built or loaded) gives valid settings and its runs:
+    every model under every recipe and seed, each in its own folder."""
+    settings, _ = train.parse_config(["--config", str(path), "--output", str(tmp_path / "out")])
+    runs = plan.plan_runs(settings)
+    assert len(runs) == len(settings.models) * max(len(settings.recipes), 1) * max(len(settings.seeds), 1)
+    assert len({r.folder for r in runs}) == len(runs)
+    for spec in settings.models:
+        models.checked_spec(spec)  # a model timm knows
+    if settings.finetune_sizes:
+        assert all(train.eval_jobs(r.settings, ["none"], ["none"])[-1][0] == "finetune" for r in runs)
+
+
+def config(name: str):
+    return train.parse_config(["--config", str(CONFIG_DIR / f"{name}.yaml")])[0]
+
+
+def test_the_protocol_configs_say_what_they_claim():
+    """The resolution protocol's configs: trained below the data's native size and evaluated up to it and beyond,
+    fine-tuned at a larger size, several seeds; CIFAR-100 at LieRE's 32 px with patch 4 for every image family;
+    ImageNet-100 from 224 to 1024; RoPE-ViT's published weights evaluated at its table's sizes."""
+    from vit_rope import FAMILIES
+
+    fashion = config("protocol_fashion")  # Fashion-MNIST: 28 px originals
+    assert fashion.img_size < 28 < max(fashion.eval_sizes) and max(fashion.eval_sizes) == 4 * fashion.img_size
+    assert min(fashion.eval_sizes) < 0.6 * fashion.img_size and fashion.finetune_sizes == (28,)
+    assert len(fashion.seeds) >= 5 and {"vit_ape_tiny", "vit_rope_tiny", "vit_rope_mixed_tiny"} <= set(fashion.models)
+    cifar = config("cifar100_liere")
+    assert (cifar.dataset, cifar.img_size, cifar.model_kwargs["patch_size"]) == ("cifar100", 32, 4)
+    ours = [f for f in FAMILIES.values() if f.model_name and f.min_axes <= 2 and f.__module__.startswith("vit_rope.")]
+    assert {f"vit_{f.model_name}_tiny" for f in ours} | {"vit_ape_tiny"} == set(cifar.models)
+    imagenet = config("imagenet100_224")
+    assert (imagenet.img_size, max(imagenet.eval_sizes), imagenet.dataset) == (224, 1024, "imagefolder")
+    naver = config("rope_vit_eval")
+    assert naver.eval_only and naver.pretrained and naver.eval_sizes == (144, 192, 224, 256, 320, 384, 512)
+    assert naver.rope_scaling == ("none",) and {"vit_rope_small", "vit_rope_mixed_small"} <= set(naver.models)

@@ -77,3 +77,95 @@ def test_headline_names_each_models_best_mode_at_twice_the_training_size():
                              == ("vit_rope_tiny", "multi-res", "yarn", 28))  # fmt: skip
     assert line.startswith("| vit_rope_tiny | multi-res | yarn |")
     assert line.endswith(f"| 99.5 ± 0.5 | {99.5 / at_28:.2f} |")
+
+
+# ----------------------------------------------------------------------------------------- paired differences
+def row(model: str, seed: int, top1: float, size: int = 28, mode: str = "none", protocol: str = "resize") -> dict:
+    return dict(model=model, recipe="", seed=seed, train_size=14, eval_size=size, protocol=protocol,
+                rope_scaling=mode, top1=top1, top5=99.0, loss=1.0, params=10)  # fmt: skip
+
+
+def test_paired_differences_against_a_hand_computation():
+    """Differences 1, 2, 3 (seeds 0, 1, 2): mean 2, sample sd 1, so the interval is 2 ± t(0.975, 2) / sqrt(3) =
+    2 ± 4.303 / 1.732 = 2 ± 2.484, i.e. (-0.484, 4.484). Rows come shuffled: the pairing is by seed, not order."""
+    rows = [row("vit_rope_tiny", s, t) for s, t in ((0, 70.0), (1, 60.0), (2, 65.0))]
+    rows += [row("vit_x_tiny", s, t) for s, t in ((2, 68.0), (0, 71.0), (1, 62.0))]
+    rows.append(row("vit_x_tiny", 3, 99.0))  # a seed the baseline lacks pairs with nothing
+    paired = report.paired_differences(rows, "vit_rope_tiny")
+    d = paired["resize", "vit_x_tiny", "", "none", "none", 28]
+    assert d["n"] == 3 and d["diffs"] == [1.0, 2.0, 3.0] and d["mean"] == 2.0
+    assert abs(d["low"] - (2 - 4.303 / 3**0.5)) < 1e-9 and abs(d["high"] - (2 + 4.303 / 3**0.5)) < 1e-9
+    assert round(d["low"], 3) == -0.484 and round(d["high"], 3) == 4.484
+    assert d["every"] == 1  # better in every seed, though the interval holds 0
+    assert report.diff_text(d) == "+2.0 (-0.5, +4.5) ▲"
+
+
+def test_every_seed_is_claimed_only_where_it_holds():
+    base = [row("vit_ape_tiny", s, 50.0, mode="-") for s in range(3)]
+    cases = {"better": (1.0, 2.0, 0.5), "worse": (-1.0, -2.0, -0.5), "mixed": (1.0, -2.0, 3.0), "tie": (1.0, 0.0, 2.0)}
+    for name, diffs in cases.items():
+        rows = base + [row(f"vit_{name}_tiny", s, 50.0 + d, mode="pi") for s, d in enumerate(diffs)]
+        (d,) = report.paired_differences(rows, "vit_ape_tiny").values()
+        assert d["every"] == {"better": 1, "worse": -1, "mixed": 0, "tie": 0}[name], name
+    one = report.paired_differences(
+        [row("vit_ape_tiny", 0, 50.0, mode="-"), row("vit_y_tiny", 0, 60.0)], "vit_ape_tiny"
+    )
+    (d,) = one.values()
+    assert d["low"] is None and d["every"] == 0 and report.diff_text(d) == "+10.0"  # one seed: no interval, no claim
+
+
+def test_models_pair_with_the_baseline_under_the_same_mode_and_without_modes_with_each():
+    rows = [row("vit_rope_tiny", s, 60.0 + s, mode=m) for s in range(2) for m in ("none", "pi")]
+    rows += [row("vit_rope_mixed_tiny", s, 61.0 + 2 * s, mode=m) for s in range(2) for m in ("none", "normalized")]
+    rows += [row("vit_ape_tiny", s, 55.0, mode="-") for s in range(2)]
+    rows += [row("vit_ape_tiny", s, 80.0, mode="-", protocol="finetune") for s in range(2)]
+    keys = set(report.paired_differences(rows, "vit_rope_tiny"))
+    assert keys == {
+        ("resize", "vit_rope_mixed_tiny", "", "none", "none", 28),  # normalized: axial RoPE has no such row
+        ("resize", "vit_ape_tiny", "", "-", "none", 28),
+        ("resize", "vit_ape_tiny", "", "-", "pi", 28),
+    }
+    text = report.paired_tables(rows, report.default_baselines([r["model"] for r in rows]))
+    assert "top-1 minus axial RoPE (`vit_rope_tiny`)" in text and "top-1 minus APE (`vit_ape_tiny`)" in text
+    # differences 1, 2: 1.5 ± 12.706 · 0.707 / 1.414 = 1.5 ± 6.353; -5, -6 and 5, 6 alike
+    assert "| vit_rope_mixed_tiny | none | +1.5 (-4.9, +7.9) ▲ |" in text
+    assert "| vit_ape_tiny | - vs pi | -5.5 (-11.9, +0.9) ▼ |" in text
+    assert "| vit_rope_tiny | pi vs - | +5.5 (-0.9, +11.9) ▲ |" in text
+    assert "protocol `finetune`" not in text  # the baseline has no fine-tuned rows to pair with
+
+
+def test_the_t_quantiles_are_those_of_students_distribution():
+    """Each tabulated quantile q has P(|T| <= q) = 0.95: closed forms for 1 and 2 degrees of freedom (Cauchy:
+    tan(0.475 pi); t2: (2p - 1) / sqrt(2p(1 - p))), and for every df the density integrated numerically (torch's
+    StudentT log_prob, Simpson's rule) up to the table's value."""
+    assert abs(report.t_975(1) - np.tan(0.475 * np.pi)) < 5e-4
+    assert abs(report.t_975(2) - 0.95 / np.sqrt(2 * 0.975 * 0.025)) < 5e-4
+    import torch
+
+    for df in range(1, 31):
+        q = report.t_975(df)
+        x = torch.linspace(0, q, 20_001, dtype=torch.float64)
+        pdf = torch.distributions.StudentT(torch.tensor(float(df), dtype=torch.float64)).log_prob(x).exp()
+        h = q / 20_000
+        area = h / 3 * (pdf[0] + pdf[-1] + 4 * pdf[1:-1:2].sum() + 2 * pdf[2:-1:2].sum())
+        rounding = 2 * float(pdf[-1]) * 5e-4  # what q's three decimals may move the mass by
+        assert abs(2 * float(area) - 0.95) < rounding, df
+    assert report.t_975(50) == report.t_975(30)  # past the table: df 30's value, a little wider than the truth
+
+
+def test_results_md_holds_the_paired_tables(tmp_path):
+    rows = [r for r in benchmark_rows() if r["recipe"] == "single-res"]
+    report.write_results(rows, tmp_path, 28, "fashion_mnist")
+    text = (tmp_path / "results.md").read_text()
+    assert "top-1 minus axial RoPE (`vit_rope_tiny`)" in text and "top-1 minus APE (`vit_ape_tiny`)" in text
+    paired = report.paired_differences(rows, "vit_ape_tiny")
+    d = paired["resize", "vit_liere_tiny", "single-res", "pi", "-", 40]
+    mine = [r["top1"] for r in rows if (r["model"], r["eval_size"], r["rope_scaling"]) == ("vit_liere_tiny", 40, "pi")]
+    ape = [r["top1"] for r in rows if (r["model"], r["eval_size"]) == ("vit_ape_tiny", 40)]
+    assert d["diffs"] == [a - b for a, b in zip(mine, ape, strict=True)]
+    line = next(
+        s
+        for s in text.split("top-1 minus APE")[1].splitlines()
+        if s.startswith("| vit_liere_tiny | single-res | pi vs - |")
+    )
+    assert f" {report.diff_text(d)} |" in line

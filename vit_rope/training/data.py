@@ -32,9 +32,10 @@ from torch.utils.data import Dataset
 from torchvision.datasets import ImageFolder
 from tqdm import tqdm
 
+from .elpv import ElpvCells, elpv_folder
 from .idx import IdxImages, idx_files
 
-IMAGE_DATASETS = ("synthetic", "cifar10", "cifar100", "mnist", "fashion_mnist", "imagefolder")
+IMAGE_DATASETS = ("synthetic", "cifar10", "cifar100", "mnist", "fashion_mnist", "elpv", "imagefolder")
 VIDEO_DATASETS = ("synthetic_video", "clipfolder")
 DATASETS = IMAGE_DATASETS + VIDEO_DATASETS
 DIRECTIONS = ("E", "NE", "N", "NW", "W", "SW", "S", "SE")
@@ -409,10 +410,11 @@ class ValidationAt(Dataset):
         return self.transform(x), y
 
 
-def image_transforms(settings, dc: dict) -> tuple[Callable, Callable[[int], Callable]]:
-    """timm's training transform at ``img_size`` (the settings' augmentation), and the eval transform at a size."""
-    train_tf = create_transform(
-        input_size=(3, settings.img_size, settings.img_size),
+def train_transform(settings, dc: dict, size: int) -> Callable:
+    """timm's training transform at ``size`` (the settings' augmentation), applied to the dataset's own images: an
+    image is resized (or random-resized-cropped) from its native resolution to ``size``, never from another size."""
+    return create_transform(
+        input_size=(3, size, size),
         is_training=True,
         no_aug=not settings.aug,
         hflip=settings.hflip,
@@ -422,6 +424,11 @@ def image_transforms(settings, dc: dict) -> tuple[Callable, Callable[[int], Call
         mean=dc["mean"],
         std=dc["std"],
     )
+
+
+def image_transforms(settings, dc: dict) -> tuple[Callable, Callable[[int], Callable]]:
+    """timm's training transform at ``img_size`` (the settings' augmentation), and the eval transform at a size."""
+    train_tf = train_transform(settings, dc, settings.img_size)
 
     def eval_tf(size: int):
         # the whole image, resized (shorter side to size, centre crop at ratio 1.0: RoPE-ViT's protocol)
@@ -434,17 +441,19 @@ def image_transforms(settings, dc: dict) -> tuple[Callable, Callable[[int], Call
 
 class Data(NamedTuple):
     """A run's data: the training set (None with ``eval_only`` where there is none), the validation set at an
-    evaluation size and protocol, and the number of classes."""
+    evaluation size and protocol, the number of classes, and the training set at another size (its images resized
+    from the originals, for fine-tuning at an evaluation size; None where there is no training set)."""
 
     train: Dataset | None
     eval_set: EvalSets
     num_classes: int
+    train_at: Callable[[int], Dataset] | None = None
 
 
 def build_data(settings, dc: dict) -> Data:
     """The data of a train.py run (``dc``: the model's data config, its normalisation); ``train_subset`` and
     ``val_subset`` keep a fixed part of each split."""
-    train, eval_set, num_classes = all_data(settings, dc)
+    train, eval_set, num_classes, train_at = all_data(settings, dc)
     if train is not None:
         train = fixed_subset(train, settings.train_subset)
         train = Transformed(train, None) if settings.naflex else train  # PIL images, RGB, for timm's NaFlex loader
@@ -453,7 +462,8 @@ def build_data(settings, dc: dict) -> Data:
         subset = fixed_subset(eval_set(size, protocol), settings.val_subset)
         return Transformed(subset, None) if protocol == "naflex" else subset  # the loader sets its transform
 
-    return Data(train, eval_at, num_classes)
+    at = None if train_at is None else lambda size: fixed_subset(train_at(size), settings.train_subset)
+    return Data(train, eval_at, num_classes, at)
 
 
 def all_data(settings, dc: dict) -> Data:
@@ -462,7 +472,10 @@ def all_data(settings, dc: dict) -> Data:
     if name == "synthetic_video":
         kw = dict(img_size=settings.img_size, num_frames=settings.num_frames, seed=settings.seed, mean=dc["mean"],
                   std=dc["std"])  # fmt: skip
-        train = SyntheticMotion(settings.train_samples, split="train", **kw)
+
+        def train_at(size):
+            return SyntheticMotion(settings.train_samples, split="train", **{**kw, "img_size": size})
+
         val = SyntheticMotion(settings.val_samples, split="val", **kw)
 
         def clips(size, protocol):
@@ -470,25 +483,40 @@ def all_data(settings, dc: dict) -> Data:
                 return ValidationAt(val, size, True, Standardize(dc["mean"], dc["std"]))
             return ValidationAt(val, size, False, partial(resize_clip, size=size))
 
-        return Data(train, clips, val.num_classes)
+        return Data(train_at(settings.img_size), clips, val.num_classes, train_at)
     if name in ("imagefolder", "clipfolder"):
         return folder_data(settings, dc)
     train_tf, eval_tf = image_transforms(settings, dc)
     if name == "synthetic":
         scenes = partial(SyntheticScenes, img_size=settings.img_size, seed=settings.seed)
-        train = scenes(settings.train_samples, split="train", transform=train_tf)
         val = scenes(settings.val_samples, split="val")
+
+        def scenes_at(size):  # drawn natively at the size, then timm's training transform there
+            return scenes(settings.train_samples, split="train", img_size=size,
+                          transform=train_transform(settings, dc, size))  # fmt: skip
 
         def make(size, protocol):
             if protocol == "native":
                 return ValidationAt(val, size, True, Standardize(dc["mean"], dc["std"]))
             return scenes(settings.val_samples, split="val", transform=eval_tf(size))
 
-        return Data(train, make, val.num_classes)
-    train = None if settings.eval_only else torchvision_dataset(name, root, True)
-    train = train if train is None or settings.naflex else Transformed(train, train_tf)
-    val = torchvision_dataset(name, root, False)
-    return Data(train, lambda s, p: val if p == "naflex" else Transformed(val, eval_tf(s)), len(val.classes))
+        return Data(scenes(settings.train_samples, split="train", transform=train_tf), make, val.num_classes,
+                    scenes_at)  # fmt: skip
+    read = partial(ElpvCells, elpv_folder(root)) if name == "elpv" else partial(torchvision_dataset, name, root)
+    originals = None if settings.eval_only else read(train=True)
+    val = read(train=False)
+
+    def eval_set(size: int, protocol: str) -> Dataset:  # naflex: PIL images, for timm's NaFlex loader
+        return val if protocol == "naflex" else Transformed(val, eval_tf(size))
+
+    if originals is None:
+        return Data(None, eval_set, len(val.classes))
+    return Data(
+        originals if settings.naflex else Transformed(originals, train_tf),  # naflex: timm's loader transforms
+        eval_set,
+        len(val.classes),
+        lambda size: Transformed(originals, train_transform(settings, dc, size)),
+    )
 
 
 def folder_data(settings, dc: dict) -> Data:
@@ -507,11 +535,12 @@ def folder_data(settings, dc: dict) -> Data:
         if not os.path.isdir(split) and not (split == train_root and settings.eval_only):
             raise FileNotFoundError(f"{split!r} is missing; {name} needs {layout}")
     if name == "imagefolder":
-        train_tf, eval_tf = image_transforms(settings, dc)
+        eval_tf = image_transforms(settings, dc)[1]
 
         def make(root: str, size: int | None, class_to_idx: dict | None = None, train: bool = False) -> Dataset:
-            # size None, or training under --naflex: PIL images, for timm's NaFlex loader
-            transform = None if size is None or (train and settings.naflex) else train_tf if train else eval_tf(size)
+            if size is None:  # PIL images, for timm's NaFlex loader (which transforms them itself)
+                return CheckedImageFolder(root, None, class_to_idx)
+            transform = train_transform(settings, dc, size) if train else eval_tf(size)
             return CheckedImageFolder(root, transform, class_to_idx)
     else:
 
@@ -521,7 +550,7 @@ def folder_data(settings, dc: dict) -> Data:
 
     train = None
     if not settings.eval_only:
-        train = make(train_root, settings.img_size, train=True)
+        train = make(train_root, None if settings.naflex else settings.img_size, train=True)
         class_to_idx = train.class_to_idx
         check_files(train, train_root)
     elif os.path.isdir(train_root):  # evaluating a model trained on this folder: its numbering
@@ -535,7 +564,9 @@ def folder_data(settings, dc: dict) -> Data:
         )
     val = make(val_root, settings.img_size, class_to_idx)  # a val class training never saw is an error now
     check_files(val, val_root)
-    return Data(train, lambda s, p: make(val_root, None if p == "naflex" else s, class_to_idx), len(class_to_idx))
+    train_at = None if train is None else lambda s: make(train_root, s, class_to_idx, train=True)
+    return Data(train, lambda s, p: make(val_root, None if p == "naflex" else s, class_to_idx), len(class_to_idx),
+                train_at)  # fmt: skip
 
 
 def check_files(ds: Dataset, root: str) -> None:

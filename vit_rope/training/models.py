@@ -185,7 +185,7 @@ def check_input_sizes(settings: Settings, spec: str, model: torch.nn.Module, whe
     if patch_embed is None or getattr(patch_embed, "dynamic_img_pad", False):
         return
     ph, pw = patch_embed.patch_size[-2:]
-    for key in ("eval_sizes", "train_sizes"):
+    for key in ("eval_sizes", "train_sizes", "finetune_sizes"):
         bad = [s for s in getattr(settings, key) if s % ph or s % pw]
         if bad:
             pad = "" if settings.dataset in VIDEO_DATASETS else " (or give the model dynamic_img_pad=True to pad)"

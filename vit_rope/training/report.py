@@ -2,6 +2,7 @@
 mean ± std over seeds), and two figures: accuracy_vs_resolution.png and extrapolation.png."""
 
 import math
+import re
 import statistics
 from pathlib import Path
 
@@ -26,11 +27,14 @@ Summary = dict[str, dict[Curve, dict[int, dict]]]  # protocol → curve → eval
 def write_results(rows: list[dict], out: Path, train_size: int, about: str, chance: float | None = None) -> None:
     """``rows`` (one per run, eval size, protocol and RoPE scaling mode) as the four result files in ``out``;
     ``about`` (the data, training size and epochs) titles the figures, which mark ``chance`` (top-1 of a guess, %).
-    Each file is written through :func:`atomic_write`: a kill leaves the old file or the whole new one, and a link
-    planted in a file's place while the run went on is replaced, never written through."""
+    With several seeds results.md ends with every model's paired difference from axial RoPE and from APE
+    (:func:`paired_tables`). Each file is written through :func:`atomic_write`: a kill leaves the old file or the whole
+    new one, and a link planted in a file's place while the run went on is replaced, never written through."""
     summary = summarise(rows)
     atomic_write(out / "results.csv", write_csv, rows)
     text = headline_table(summary, train_size) + "\n" + markdown_tables(summary, train_size)
+    paired = paired_tables(rows, default_baselines([r["model"] for r in rows]))
+    text += "\n" + paired if paired else ""
     atomic_write(out / "results.md", lambda t, f: f.write(t.encode()), text)
     plt = pyplot()
     for figure, name in ((accuracy_figure, "accuracy_vs_resolution.png"), (extrapolation_figure, "extrapolation.png")):
@@ -139,6 +143,107 @@ def headline_table(summary: Summary, train_size: int) -> str:
 
 def cell_text(cell: dict) -> str:
     return f"{cell['mean']:.1f}" + (f" ± {cell['std']:.1f}" if cell["n"] > 1 else "")
+
+
+# ----------------------------------------------------------------------------------------- paired differences
+# The 0.975 quantile of Student's t distribution for 1 to 30 degrees of freedom: the two-sided 95 % interval's factor.
+# Source: NIST/SEMATECH e-Handbook of Statistical Methods, section 1.3.6.7.2, "Critical values of the Student's t
+# distribution" (column 0.975), to three decimals (torch.distributions.StudentT has no icdf; scipy is no dependency).
+T_975 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+    2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+BASELINES = {"axial RoPE": r"vit_rope_(tiny|small|base|large)", "APE": r"vit_ape_(tiny|small|base|large)"}
+
+
+def t_975(df: int) -> float:
+    """Student's t 0.975 quantile for ``df`` degrees of freedom (past 30: the value for 30, slightly wider than the
+    true interval, which shrinks towards 1.960)."""
+    if df < 1:
+        raise ValueError(f"a t interval needs at least 1 degree of freedom (2 seeds), not {df}")
+    return T_975[min(df, len(T_975)) - 1]
+
+
+def default_baselines(models: list[str]) -> dict[str, str]:
+    """What each model is compared with: the first of the models named as axial RoPE (``vit_rope_<size>``, no
+    kwargs) and as APE (``vit_ape_<size>``), by the name their rows carry."""
+    found = {}
+    for label, pattern in BASELINES.items():
+        name = next((m for m in dict.fromkeys(models) if re.fullmatch(pattern, m)), None)
+        if name is not None:
+            found[label] = name
+    return found
+
+
+def paired_differences(rows: list[dict], baseline: str) -> dict[tuple, dict]:
+    """Every model's top-1 minus ``baseline``'s, paired by seed (same seed: same data order and initial draw), in each
+    (protocol, recipe, eval size) and scaling mode: keyed (protocol, model, recipe, mode, baseline's mode, eval size),
+    each ``n`` seeds both have, the ``diffs`` by seed, their ``mean``, the 95 % t-interval ``low``..``high`` (None for
+    one seed), and ``every`` +1 where the model is better in every seed, -1 where worse in every seed, else 0 (0 for one
+    seed). A model is compared under each of its modes with the baseline under the same mode; a model or baseline
+    without modes ('-') with each mode of the other."""
+    cells: dict[tuple, dict[int, float]] = {}
+    for r in rows:
+        key = (r["protocol"], r["model"], r["recipe"], r["rope_scaling"], int(r["eval_size"]))
+        cells.setdefault(key, {})[int(r["seed"])] = float(r["top1"])
+    out = {}
+    for (protocol, model, recipe, mode, size), top1 in cells.items():
+        if model == baseline:
+            continue
+        for (bp, bm, br, bmode, bsize), base in cells.items():
+            if (bp, bm, br, bsize) != (protocol, baseline, recipe, size) or not (bmode == mode or "-" in (bmode, mode)):
+                continue
+            seeds = sorted(top1.keys() & base.keys())
+            if not seeds:
+                continue
+            diffs = [top1[s] - base[s] for s in seeds]
+            mean, n = statistics.fmean(diffs), len(diffs)
+            low = high = None
+            if n > 1:
+                half = t_975(n - 1) * statistics.stdev(diffs) / math.sqrt(n)
+                low, high = mean - half, mean + half
+            every = 0 if n < 2 else 1 if min(diffs) > 0 else -1 if max(diffs) < 0 else 0
+            out[protocol, model, recipe, mode, bmode, size] = dict(n=n, diffs=diffs, mean=mean, low=low, high=high,
+                                                                  every=every)  # fmt: skip
+    return out
+
+
+def paired_tables(rows: list[dict], baselines: dict[str, str]) -> str:
+    """For each baseline (label → model name), one markdown table per protocol of :func:`paired_differences`: a row per
+    (model, recipe, scaling mode), a column per eval size, each cell the mean difference in top-1 points with its 95 %
+    t-interval over seeds, marked ▲ where the model is better in every seed and ▼ where worse in every seed. Empty
+    where no model has two seeds in common with a baseline."""
+    lines = []
+    for label, baseline in baselines.items():
+        paired = paired_differences(rows, baseline)
+        if not any(d["n"] > 1 for d in paired.values()):
+            continue
+        recipes = any(k[2] for k in paired)
+        for protocol in dict.fromkeys(k[0] for k in paired):
+            keys = [k for k in paired if k[0] == protocol]
+            sizes = sorted({k[5] for k in keys})
+            n = max(paired[k]["n"] for k in keys)
+            lines.append(f"\n**top-1 minus {label} (`{baseline}`), same seed and data order, protocol `{protocol}`: "
+                         f"mean difference (points) and its 95 % t-interval over {n} seeds; ▲ better in every seed, ▼ "
+                         f"worse in every seed**\n")  # fmt: skip
+            head = ["model", *["recipe"] * recipes, "RoPE scaling", *map(str, sizes)]
+            lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+            for curve in dict.fromkeys(k[1:5] for k in keys):
+                model, recipe, mode, bmode = curve
+                shown = mode if mode == bmode else f"{mode} vs {bmode}"
+                row = [model, *[recipe] * recipes, shown]
+                cells = [paired.get((protocol, *curve, s)) for s in sizes]
+                row += [diff_text(c) if c else "" for c in cells]
+                lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines).lstrip() + "\n" if lines else ""
+
+
+def diff_text(d: dict) -> str:
+    """``+2.3 (−0.5, +5.1) ▲``: mean difference, interval, and the mark where every seed agrees."""
+    text = f"{d['mean']:+.1f}"
+    if d["low"] is not None:
+        text += f" ({d['low']:+.1f}, {d['high']:+.1f})"
+    return text + {1: " ▲", -1: " ▼", 0: ""}[d["every"]]
 
 
 # --------------------------------------------------------------------------------------------------- figures

@@ -148,6 +148,21 @@ class Settings:
     eval_batch_size: int = setting(128, "evaluation batch size per process", check=at_least(1), must="at least 1",
                                    resume=APPLIES)  # fmt: skip
     eval_only: bool = setting(False, "evaluate --initial-checkpoint or --pretrained weights without training")
+    finetune_sizes: tuple[int, ...] = setting((), "after training, fine-tune a copy of every model at each of these "
+                                              "sizes (training images resized from the originals) for "
+                                              "--finetune-steps steps, then evaluate it there (protocol 'finetune', "
+                                              "beside the zero-shot rows)", check=lambda v: min(v, default=1) >= 1
+                                              and len(set(v)) == len(v), must="sizes of at least 1, each given once",
+                                              resume=EVALUATES)  # fmt: skip
+    finetune_steps: int = setting(300, "optimizer updates of each fine-tuning (--finetune-sizes)", check=at_least(1),
+                                  must="at least 1")  # fmt: skip
+    finetune_lr: float = setting(1e-4, "peak learning rate of each fine-tuning: no warm-up, the --sched schedule "
+                                 "over --finetune-steps down to --min-lr (or to this, where lower)", check=at_least(0),
+                                 must="at least 0")  # fmt: skip
+    finetune_scaling: tuple[str, ...] = setting(("none",), "RoPE extrapolation modes to fine-tune (and evaluate) "
+                                                "under, one fine-tuning each; a model without RoPE fine-tunes once",
+                                                check=lambda v: len(v) and len(set(v)) == len(v),
+                                                must="modes each given once", resume=EVALUATES)  # fmt: skip
     # seeds and recipes
     seeds: tuple[int, ...] = setting((), "train every model once per seed (a run each); empty: --seed alone",
                                      check=lambda v: len(set(v)) == len(v) and all(0 <= s < 2**31 for s in v),
@@ -175,9 +190,11 @@ class Settings:
     def __post_init__(self) -> None:
         for f in fields(self):
             object.__setattr__(self, f.name, checked(f, getattr(self, f.name)))
-        bad = [m for m in self.rope_scaling if m not in SCALING_MODES]
-        if bad or not self.rope_scaling:
-            raise SystemExit(f"error: unknown --rope-scaling mode(s) {bad}; choose from {list(SCALING_MODES)}")
+        for key in ("rope_scaling", "finetune_scaling"):
+            bad = [m for m in getattr(self, key) if m not in SCALING_MODES]
+            if bad or not getattr(self, key):
+                flag = "--" + key.replace("_", "-")
+                raise SystemExit(f"error: unknown {flag} mode(s) {bad}; choose from {list(SCALING_MODES)}")
         if self.min_lr > self.lr:
             raise SystemExit(f"error: --min-lr {self.min_lr} is above --lr {self.lr}; give a min_lr of at most lr")
         if (self.naflex or self.eval_seq_lens) and self.dataset in ("synthetic", *VIDEO_DATASETS):
@@ -191,6 +208,8 @@ class Settings:
             )
         if self.eval_only and not (self.initial_checkpoint or self.pretrained):
             raise SystemExit("error: --eval-only needs --initial-checkpoint PATH or --pretrained")
+        if self.eval_only and self.finetune_sizes:
+            raise SystemExit("error: --finetune-sizes trains, and --eval-only trains nothing; drop one of them")
         for name in self.recipes:
             self.for_recipe(name)  # each recipe's values checked
 
