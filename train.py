@@ -688,7 +688,7 @@ def finetune(run: Run, model: torch.nn.Module, data: Data, tuned: list[str], dev
     if not settings.finetune_sizes:
         return []
     ft = replace(settings, lr=settings.finetune_lr, min_lr=min(settings.min_lr, settings.finetune_lr), epochs=1,
-                 warmup_epochs=0, train_sizes=(), ema=False)  # fmt: skip
+                 warmup_epochs=0, train_sizes=(), ema=False, naflex=False)  # fmt: skip  (square images)
     params, rows = sum(p.numel() for p in model.parameters()), []
     for size in settings.finetune_sizes:
         for mode in tuned:
