@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from tests.helpers import DIM, HEADS, randomized, rope
 from vit_rope import FAMILIES, ParabolicBias, PositionEncoding
+from vit_rope.coords import grid_coordinates
 from vit_rope.families.base import PairFamily
 from vit_rope.position_encoding import SCALING_MODES
 
@@ -94,8 +95,9 @@ def test_kept_tokens_keep_their_positions(name):
             continue
         turned = whole.rotate(x)
         torch.testing.assert_close(kept.rotate(x.gather(2, pick)), turned.gather(2, pick), rtol=0, atol=1e-12)
-    with pytest.raises(ValueError, match="tokens picks tokens of a grid"):
-        enc.table(positions=torch.zeros(20, len(grid)), tokens=keep)
+    # explicit positions (a native-resolution batch's) keep their tokens the same way
+    positions = grid_coordinates(grid, dtype=F64)
+    assert_same_table(enc.table(positions=positions, tokens=keep, dtype=F64), part)
 
 
 # ------------------------------------------------------------------------------------------ test-time scaling
