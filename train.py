@@ -687,8 +687,9 @@ def finetune(run: Run, model: torch.nn.Module, data: Data, tuned: list[str], dev
     settings, rank, world = run.settings, *rank_world()
     if not settings.finetune_sizes:
         return []
+    # fine-tuning trains square images at each size, after --naflex training too
     ft = replace(settings, lr=settings.finetune_lr, min_lr=min(settings.min_lr, settings.finetune_lr), epochs=1,
-                 warmup_epochs=0, train_sizes=(), ema=False, naflex=False)  # fmt: skip  (square images)
+                 warmup_epochs=0, train_sizes=(), ema=False, naflex=False)  # fmt: skip
     params, rows = sum(p.numel() for p in model.parameters()), []
     for size in settings.finetune_sizes:
         for mode in tuned:
