@@ -96,9 +96,9 @@ def nearest(sizes, size: int) -> int:
 
 
 def sides(sizes, train_size: int) -> tuple[int | None, int | None, int | None]:
-    """The evaluated sizes that stand for 0.5x, 1x and 2x the training size: the nearest to 0.5x below it, the
-    training size itself, the nearest to 2x above it; None where no evaluated size is there (a column for a size not
-    evaluated is left out, not filled with another)."""
+    """The evaluated sizes that stand for half, once and twice the training size: the nearest to half of it below
+    it, the training size itself, the nearest to twice it above it; None where no evaluated size is there (a column
+    for a size not evaluated is left out, not filled with another)."""
     below, above = [s for s in sizes if s < train_size], [s for s in sizes if s > train_size]
     low = nearest(below, round(train_size / 2)) if below else None
     high = nearest(above, train_size * 2) if above else None
@@ -106,9 +106,9 @@ def sides(sizes, train_size: int) -> tuple[int | None, int | None, int | None]:
 
 
 def headline_table(summary: Summary, train_size: int) -> str:
-    """A row per (model, recipe) under the scaling mode with the best mean top-1 at about 2x the training size
-    (protocol 'resize', else the first): top-1 at the sizes that stand for 0.5x, 1x and 2x (:func:`sides`) and 2x
-    against 1x."""
+    """A row per (model, recipe) under the scaling mode with the best mean top-1 at about twice the training size
+    (protocol 'resize', else the first): top-1 at the sizes that stand for half, once and twice it (:func:`sides`),
+    and the ratio of the last two."""
     protocol = "resize" if "resize" in summary else next(iter(summary))
     curves = summary[protocol]
     low, base, high = sides(sorted({s for cells in curves.values() for s in cells}), train_size)
@@ -123,8 +123,8 @@ def headline_table(summary: Summary, train_size: int) -> str:
     head = ["model", "recipe", f"best scaling at {at}", *(f"{s} px" for s in columns)]
     head += [f"{high} / {base}"] if high is not None and base is not None else []
     lines = [
-        f"**Headline: top-1 (%) at the evaluated sizes nearest 0.5x and 2x the training size ({train_size} px) and at "
-        f"it, protocol `{protocol}`, each model and recipe under its scaling mode with the best mean at {at}**\n",
+        f"**Headline: top-1 (%) at the evaluated sizes nearest half and twice the training size ({train_size} px) and "
+        f"at it, protocol `{protocol}`, each model and recipe under its scaling mode with the best mean at {at}**\n",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
     ]
@@ -320,8 +320,8 @@ def accuracy_figure(summary: Summary, train_size: int, about: str, chance: float
 
 
 def extrapolation_figure(summary: Summary, train_size: int, about: str, chance: float | None = None):
-    """Top-1 at about 0.5x and at 2x the training size against top-1 at it, on protocol 'resize' (else the first): a
-    point per (model, recipe, scaling mode), ± one std over seeds; the sizes that stand for 0.5x and 2x are those of
+    """Top-1 at about half and twice the training size against top-1 at it, on protocol 'resize' (else the first): a
+    point per (model, recipe, scaling mode), ± one std over seeds; the sizes that stand for half and twice are those of
     :func:`sides` (the axis says which), a side without one has no panel; each axis fitted to its points."""
     plt = pyplot()
     protocol = "resize" if "resize" in summary else next(iter(summary))
