@@ -35,6 +35,7 @@ from timm.layers.patch_dropout import PatchDropoutWithIndices
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models._features import feature_take_indices
 from timm.models._manipulate import checkpoint, named_apply
+from timm.models.naflexvit import global_pool_naflex
 from timm.models.vision_transformer import init_weights_vit_timm
 from torch import Tensor, nn
 
@@ -454,16 +455,12 @@ class VisionTransformer(nn.Module):
         pool_type = self.global_pool if pool_type is None else pool_type
         if pool_type == "token":
             return x[:, 0]
-        patches = x[:, self.num_prefix_tokens :]
+        if pool_type in ("avg", "max") and patch_valid is not None:  # timm's NaFlex pooling: real tokens alone
+            return global_pool_naflex(x, patch_valid, pool_type, self.num_prefix_tokens)
         if pool_type == "avg":
-            if patch_valid is None:
-                return patches.mean(dim=1)
-            real = patch_valid.unsqueeze(-1).to(x.dtype)
-            return (patches * real).sum(dim=1) / real.sum(dim=1).clamp(min=1)
+            return x[:, self.num_prefix_tokens :].mean(dim=1)
         if pool_type == "max":
-            if patch_valid is None:
-                return patches.amax(dim=1)
-            return patches.masked_fill(~patch_valid.unsqueeze(-1), torch.finfo(x.dtype).min).amax(dim=1)
+            return x[:, self.num_prefix_tokens :].amax(dim=1)
         return x
 
     def forward_head(self, x: Tensor | dict[str, Tensor], pre_logits: bool = False) -> Tensor:
