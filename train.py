@@ -69,6 +69,7 @@ from vit_rope.training.models import (
 )
 from vit_rope.training.naflex import batch_to, images_in, loss_scale, naflex_loader
 from vit_rope.training.plan import Run, plan_runs
+from vit_rope.training.report import FINETUNE_PROTOCOL as FINETUNE  # (the rows of a model fine-tuned at the size)
 from vit_rope.training.report import write_results
 from vit_rope.training.rng import all_rng_states, restore_rng_state, seed_everything
 from vit_rope.training.settings import DEFAULTS, Settings, parse, read_yaml, resumed
@@ -635,9 +636,6 @@ def eval_jobs(settings: Settings, modes: list[str], tuned: list[str] = ()) -> li
     # batch each ask their own scale: the modes of coordinates (per image) alone
     jobs += [("naflex", n, m) for n in settings.eval_seq_lens for m in modes if m not in ("ntk", "yarn")]
     return jobs + [(FINETUNE, s, m) for s in settings.finetune_sizes for m in tuned]
-
-
-FINETUNE = "finetune"  # the protocol of the rows of a model fine-tuned at the size it is evaluated at
 
 
 def evaluate_resolutions(run: Run, model, data: Data, modes: list[str], device) -> list[dict]:

@@ -169,3 +169,35 @@ def test_results_md_holds_the_paired_tables(tmp_path):
         if s.startswith("| vit_liere_tiny | single-res | pi vs - |")
     )
     assert f" {report.diff_text(d)} |" in line
+
+
+def test_the_overview_shows_each_models_best_mode_and_what_fine_tuning_recovers(tmp_path):
+    """Left panel: a line per model, under the mode best at 2x (here made yarn for axial RoPE); right: the fine-tuned
+    models sorted by their fine-tuned mean, each beside its best zero-shot mean at that size."""
+    rows = [dict(r, recipe="") for r in benchmark_rows() if r["recipe"] == "single-res"]
+    for r in rows:
+        if (r["model"], r["rope_scaling"], r["eval_size"]) == ("vit_rope_tiny", "yarn", 56):
+            r["top1"] = 99.0
+    tuned = {"vit_ape_tiny": ("-", 30.0), "vit_rope_tiny": ("none", 70.0), "vit_liere_tiny": ("none", 50.0)}
+    rows += [dict(r, protocol="finetune", rope_scaling=tuned[r["model"]][0], top1=tuned[r["model"]][1] + r["seed"])
+             for r in rows if r["model"] in tuned and r["eval_size"] == 56
+             and r["rope_scaling"] in ("-", "none")]  # fmt: skip
+    report.write_results(rows, tmp_path, 28, "fashion_mnist")
+    assert (tmp_path / "overview.png").stat().st_size > 10_000
+    fig = report.overview_figure(report.summarise(rows), 28, "fashion_mnist")
+    left, right = fig.axes
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert len(labels) == 8 and "vit_rope_tiny (yarn)" in labels and "vit_ape_tiny" in labels
+    assert [t.get_text() for t in right.get_yticklabels()] == ["vit_ape_tiny", "vit_liere_tiny", "vit_rope_tiny"]
+    assert "at 56 px" in right.get_title()
+    points = [c.lines[0] for c in right.containers]  # (each errorbar's data line: its caps are lines too)
+    filled = [float(p.get_xdata()[0]) for p in points if p.get_markerfacecolor() != "white"]
+    assert sorted(filled) == [31.0, 51.0, 71.0]  # the fine-tuned means over seeds 0-2
+    assert len(points) == 6  # and each model's zero-shot point beside it
+    report.pyplot().close(fig)
+
+
+def test_the_overview_has_one_panel_without_fine_tuning():
+    fig = report.overview_figure(report.summarise(benchmark_rows()), 28, "fashion_mnist")
+    assert len(fig.axes) == 1 and "best scaling at 56 px" in fig.axes[0].get_title()
+    report.pyplot().close(fig)

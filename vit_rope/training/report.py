@@ -1,5 +1,6 @@
 """train.py's results: results.csv (a row per run, eval size, protocol and RoPE scaling mode), results.md (top-1,
-mean ± std over seeds), and two figures: accuracy_vs_resolution.png and extrapolation.png."""
+mean ± std over seeds), and three figures: accuracy_vs_resolution.png (every curve), extrapolation.png and overview.png
+(each model under its best scaling mode, and what fine-tuning recovers: the figure to take in at a glance)."""
 
 import math
 import re
@@ -19,6 +20,7 @@ SCALING_LABELS = {
 LINE_STYLES = {"-": "-", "none": "-", "pi": "--", "ntk": "-.", "yarn": ":", "normalized": (0, (5, 1, 1, 1, 1, 1))}
 MARKERS = {"-": "o", "none": "o", "pi": "s", "ntk": "^", "yarn": "v", "normalized": "D"}
 DPI = 120
+FINETUNE_PROTOCOL = "finetune"  # train.py's protocol of the rows of a model fine-tuned at the size it is evaluated at
 
 Curve = tuple[str, str, str]  # (model, recipe, RoPE scaling mode)
 Summary = dict[str, dict[Curve, dict[int, dict]]]  # protocol → curve → eval size → mean, std, n, params
@@ -37,7 +39,9 @@ def write_results(rows: list[dict], out: Path, train_size: int, about: str, chan
     text += "\n" + paired if paired else ""
     atomic_write(out / "results.md", lambda t, f: f.write(t.encode()), text)
     plt = pyplot()
-    for figure, name in ((accuracy_figure, "accuracy_vs_resolution.png"), (extrapolation_figure, "extrapolation.png")):
+    figures = ((accuracy_figure, "accuracy_vs_resolution.png"), (extrapolation_figure, "extrapolation.png"),
+               (overview_figure, "overview.png"))  # fmt: skip
+    for figure, name in figures:
         fig = figure(summary, train_size, about, chance)
         try:
             atomic_write(out / name, lambda fg, f: fg.savefig(f, format="png"), fig)
@@ -105,6 +109,17 @@ def sides(sizes, train_size: int) -> tuple[int | None, int | None, int | None]:
     return low, (train_size if train_size in sizes else None), high
 
 
+def best_modes(curves: dict[Curve, dict[int, dict]], size: int | None) -> dict[tuple[str, str], tuple[str, dict]]:
+    """Each (model, recipe)'s scaling mode with the best mean top-1 at ``size`` (the first of its modes where none was
+    evaluated there), with that mode's cells; in the order of the curves."""
+    best: dict[tuple[str, str], tuple[str, dict]] = {}
+    for (model, recipe, mode), cells in curves.items():
+        mean = cells.get(size, {}).get("mean", -math.inf)
+        if (model, recipe) not in best or mean > best[model, recipe][1].get(size, {}).get("mean", -math.inf):
+            best[model, recipe] = (mode, cells)
+    return best
+
+
 def headline_table(summary: Summary, train_size: int) -> str:
     """A row per (model, recipe) under the scaling mode with the best mean top-1 at about twice the training size
     (protocol 'resize', else the first): top-1 at the sizes that stand for half, once and twice it (:func:`sides`),
@@ -113,11 +128,7 @@ def headline_table(summary: Summary, train_size: int) -> str:
     curves = summary[protocol]
     low, base, high = sides(sorted({s for cells in curves.values() for s in cells}), train_size)
     judge = high if high is not None else base  # where the best scaling mode is chosen
-    best: dict[tuple[str, str], tuple[str, dict]] = {}
-    for (model, recipe, mode), cells in curves.items():
-        mean = cells.get(judge, {}).get("mean", -math.inf)
-        if (model, recipe) not in best or mean > best[model, recipe][1].get(judge, {}).get("mean", -math.inf):
-            best[model, recipe] = (mode, cells)
+    best = best_modes(curves, judge)
     columns = [s for s in (low, base, high) if s is not None]
     at = "2x" if high is not None else "the training size"
     head = ["model", "recipe", f"best scaling at {at}", *(f"{s} px" for s in columns)]
@@ -353,6 +364,63 @@ def extrapolation_figure(summary: Summary, train_size: int, about: str, chance: 
         fit(ax, xs, ys, chance)
         ax.grid(alpha=0.3)
     add_legend(fig, colour, [mode for _, _, mode in curves], points=True)
+    return fig
+
+
+def overview_figure(summary: Summary, train_size: int, about: str, chance: float | None = None):
+    """The results at a glance. Left: top-1 against eval size (protocol 'resize', else the first that is not
+    'finetune'), each (model, recipe) under its scaling mode with the best mean at about twice the training size
+    (:func:`sides`), ± one std over seeds. Then a panel per fine-tuned size: each model's top-1 fine-tuned there
+    (filled) beside its best zero-shot top-1 at that size (hollow), the models sorted by the fine-tuned mean."""
+    plt = pyplot()
+    zero_shot = "resize" if "resize" in summary else next(p for p in summary if p != FINETUNE_PROTOCOL)
+    curves = summary[zero_shot]
+    sizes = sorted({s for cells in curves.values() for s in cells})
+    low, base, high = sides(sizes, train_size)
+    judge = high if high is not None else base
+    tuned = summary.get(FINETUNE_PROTOCOL, {})
+    tuned_sizes = sorted({s for cells in tuned.values() for s in cells})
+    fig, axes = plt.subplots(1, 1 + len(tuned_sizes), figsize=(6.5 * (1 + len(tuned_sizes)), 5.5), squeeze=False,
+                             layout="constrained", dpi=DPI)  # fmt: skip
+    colour = colours(list(curves))
+    ax, ys = axes[0][0], []
+    for (model, recipe), (mode, cells) in best_modes(curves, judge).items():
+        xs = sorted(cells)
+        means, stds = [cells[s]["mean"] for s in xs], [cells[s]["std"] for s in xs]
+        ys += [m + sign * d for m, d in zip(means, stds, strict=True) for sign in (-1, 1)]
+        label = model + (f", {recipe}" if recipe else "") + ("" if mode == "-" else f" ({mode})")
+        ax.errorbar(xs, means, yerr=stds, color=colour.get((model, recipe), "black"), marker="o", markersize=3,
+                    capsize=2, linewidth=1.2, label=label)  # fmt: skip
+    ax.axvline(train_size, color="gray", linestyle=":", linewidth=1)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [str(s) for s in sizes])
+    ax.minorticks_off()
+    ax.set(title=f"{about}\nzero-shot (protocol '{zero_shot}'), each model under its best scaling at "
+                 f"{judge} px", xlabel="evaluation resolution (px, log scale; dotted: trained)",
+           ylabel="top-1 (%), mean ± std over seeds")  # fmt: skip
+    fit(ax, None, ys, chance)
+    ax.grid(alpha=0.3)
+    fig.legend(loc="outside lower left", fontsize=7, ncol=2, frameon=False)  # (below: 13 models hide no line)
+    for ax, size in zip(axes[0][1:], tuned_sizes, strict=True):
+        after = best_modes(tuned, size)
+        before = best_modes(curves, size)
+        order = sorted((k for k in after if size in after[k][1]), key=lambda k: after[k][1][size]["mean"])
+        xs = []
+        for y, key in enumerate(order):
+            cell = after[key][1][size]
+            ax.errorbar(cell["mean"], y, xerr=cell["std"], color=colour.get(key, "black"), marker="o", capsize=2)
+            xs += [cell["mean"] - cell["std"], cell["mean"] + cell["std"]]
+            if size in before.get(key, (None, {}))[1]:
+                zs = before[key][1][size]
+                ax.errorbar(zs["mean"], y, xerr=zs["std"], color=colour.get(key, "black"), marker="o",
+                            markerfacecolor="white", capsize=2, alpha=0.8)  # fmt: skip
+                xs += [zs["mean"] - zs["std"], zs["mean"] + zs["std"]]
+        names = [m + (f", {r}" if r else "") for m, r in order]
+        ax.set_yticks(range(len(order)), names, fontsize=7)
+        ax.set(title=f"{about}\nat {size} px: fine-tuned there (filled), zero-shot at best (hollow)",
+               xlabel="top-1 (%), mean ± std over seeds")  # fmt: skip
+        fit(ax, xs, [], chance)
+        ax.grid(alpha=0.3, axis="x")
     return fig
 
 
