@@ -201,3 +201,26 @@ def test_the_overview_has_one_panel_without_fine_tuning():
     fig = report.overview_figure(report.summarise(benchmark_rows()), 28, "fashion_mnist")
     assert len(fig.axes) == 1 and "best scaling at 56 px" in fig.axes[0].get_title()
     report.pyplot().close(fig)
+
+
+def test_best_modes_pair_each_model_under_its_own_best_with_the_baseline_under_its_own():
+    """Mixed is best at 2x under pi, axial RoPE under yarn (made so): the best-mode rows hold those two curves
+    alone, and their difference at every size is Mixed-pi minus axial-yarn, seed by seed."""
+    rows = [dict(r, recipe="") for r in benchmark_rows() if r["recipe"] == "single-res"]
+    for r in rows:
+        if r["eval_size"] == 56 and (r["model"], r["rope_scaling"]) in (("vit_rope_mixed_tiny", "pi"),
+                                                                          ("vit_rope_tiny", "yarn")):  # fmt: skip
+            r["top1"] = 95.0 + r["seed"]
+    kept = report.best_mode_rows(rows, 28)
+    assert {r["rope_scaling"] for r in kept if r["model"] == "vit_rope_mixed_tiny"} == {"pi"}
+    assert {r["rope_scaling"] for r in kept if r["model"] == "vit_rope_tiny"} == {"yarn"}
+    assert {r["rope_scaling"] for r in kept if r["model"] == "vit_ape_tiny"} == {"-"}
+    d = report.paired_differences(kept, "vit_rope_tiny", any_mode=True)["resize", "vit_rope_mixed_tiny", "", "pi",
+                                                                        "yarn", 20]  # fmt: skip
+    top1 = {(r["model"], r["rope_scaling"], r["seed"]): r["top1"] for r in rows if r["eval_size"] == 20}
+    assert d["diffs"] == [top1["vit_rope_mixed_tiny", "pi", s] - top1["vit_rope_tiny", "yarn", s] for s in range(3)]
+    assert not any(k[3] != "pi" for k in report.paired_differences(kept, "vit_rope_tiny", any_mode=True)
+                   if k[1] == "vit_rope_mixed_tiny")  # fmt: skip
+    text = report.paired_tables(kept, {"axial RoPE": "vit_rope_tiny"}, any_mode=True, what=", under the best")
+    assert "top-1 minus axial RoPE (`vit_rope_tiny`), under the best, same seed" in text
+    assert any(line.startswith("| vit_rope_mixed_tiny | pi vs yarn |") for line in text.splitlines())

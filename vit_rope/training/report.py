@@ -30,12 +30,16 @@ def write_results(rows: list[dict], out: Path, train_size: int, about: str, chan
     """``rows`` (one per run, eval size, protocol and RoPE scaling mode) as the four result files in ``out``;
     ``about`` (the data, training size and epochs) titles the figures, which mark ``chance`` (top-1 of a guess, %).
     With several seeds results.md ends with every model's paired difference from axial RoPE and from APE
-    (:func:`paired_tables`). Each file is written through :func:`atomic_write`: a kill leaves the old file or the whole
-    new one, and a link planted in a file's place while the run went on is replaced, never written through."""
+    (:func:`paired_tables`), under each scaling mode and under the headline's best modes (:func:`best_mode_rows`).
+    Each file is written through :func:`atomic_write`: a kill leaves the old file or the whole new one, and a link
+    planted in a file's place while the run went on is replaced, never written through."""
     summary = summarise(rows)
     atomic_write(out / "results.csv", write_csv, rows)
     text = headline_table(summary, train_size) + "\n" + markdown_tables(summary, train_size)
-    paired = paired_tables(rows, default_baselines([r["model"] for r in rows]))
+    baselines = default_baselines([r["model"] for r in rows])
+    paired = paired_tables(rows, baselines)
+    best = ", each under its scaling mode best at 2x (the headline's)"
+    paired += paired_tables(best_mode_rows(rows, train_size), baselines, any_mode=True, what=best) if paired else ""
     text += "\n" + paired if paired else ""
     atomic_write(out / "results.md", lambda t, f: f.write(t.encode()), text)
     plt = pyplot()
@@ -186,13 +190,14 @@ def default_baselines(models: list[str]) -> dict[str, str]:
     return found
 
 
-def paired_differences(rows: list[dict], baseline: str) -> dict[tuple, dict]:
+def paired_differences(rows: list[dict], baseline: str, any_mode: bool = False) -> dict[tuple, dict]:
     """Every model's top-1 minus ``baseline``'s, paired by seed (same seed: same data order and initial draw), in each
     (protocol, recipe, eval size) and scaling mode: keyed (protocol, model, recipe, mode, baseline's mode, eval size),
     each ``n`` seeds both have, the ``diffs`` by seed, their ``mean``, the 95 % t-interval ``low``..``high`` (None for
     one seed), and ``every`` +1 where the model is better in every seed, -1 where worse in every seed, else 0 (0 for one
     seed). A model is compared under each of its modes with the baseline under the same mode; a model or baseline
-    without modes ('-') with each mode of the other."""
+    without modes ('-') with each mode of the other; with ``any_mode``, every mode with every mode (rows that hold one
+    mode a model: :func:`best_mode_rows`)."""
     cells: dict[tuple, dict[int, float]] = {}
     for r in rows:
         key = (r["protocol"], r["model"], r["recipe"], r["rope_scaling"], int(r["eval_size"]))
@@ -202,7 +207,8 @@ def paired_differences(rows: list[dict], baseline: str) -> dict[tuple, dict]:
         if model == baseline:
             continue
         for (bp, bm, br, bmode, bsize), base in cells.items():
-            if (bp, bm, br, bsize) != (protocol, baseline, recipe, size) or not (bmode == mode or "-" in (bmode, mode)):
+            paired_modes = any_mode or bmode == mode or "-" in (bmode, mode)
+            if (bp, bm, br, bsize) != (protocol, baseline, recipe, size) or not paired_modes:
                 continue
             seeds = sorted(top1.keys() & base.keys())
             if not seeds:
@@ -219,14 +225,26 @@ def paired_differences(rows: list[dict], baseline: str) -> dict[tuple, dict]:
     return out
 
 
-def paired_tables(rows: list[dict], baselines: dict[str, str]) -> str:
+def best_mode_rows(rows: list[dict], train_size: int) -> list[dict]:
+    """The zero-shot rows (protocol 'resize', else the first) of each (model, recipe) under its scaling mode with the
+    best mean top-1 at about twice the training size (the headline's choice, :func:`headline_table`)."""
+    summary = summarise(rows)
+    protocol = "resize" if "resize" in summary else next(iter(summary))
+    curves = summary[protocol]
+    low, base, high = sides(sorted({s for cells in curves.values() for s in cells}), train_size)
+    chosen = {key: mode for key, (mode, _) in best_modes(curves, high if high is not None else base).items()}
+    return [r for r in rows if r["protocol"] == protocol and chosen[r["model"], r["recipe"]] == r["rope_scaling"]]
+
+
+def paired_tables(rows: list[dict], baselines: dict[str, str], any_mode: bool = False, what: str = "") -> str:
     """For each baseline (label → model name), one markdown table per protocol of :func:`paired_differences`: a row per
     (model, recipe, scaling mode), a column per eval size, each cell the mean difference in top-1 points with its 95 %
     t-interval over seeds, marked ▲ where the model is better in every seed and ▼ where worse in every seed. Empty
-    where no model has two seeds in common with a baseline."""
+    where no model has two seeds in common with a baseline. ``any_mode`` pairs modes as :func:`paired_differences`
+    does; ``what`` says in each title which rows these are."""
     lines = []
     for label, baseline in baselines.items():
-        paired = paired_differences(rows, baseline)
+        paired = paired_differences(rows, baseline, any_mode)
         if not any(d["n"] > 1 for d in paired.values()):
             continue
         recipes = any(k[2] for k in paired)
@@ -234,9 +252,9 @@ def paired_tables(rows: list[dict], baselines: dict[str, str]) -> str:
             keys = [k for k in paired if k[0] == protocol]
             sizes = sorted({k[5] for k in keys})
             n = max(paired[k]["n"] for k in keys)
-            lines.append(f"\n**top-1 minus {label} (`{baseline}`), same seed and data order, protocol `{protocol}`: "
-                         f"mean difference (points) and its 95 % t-interval over {n} seeds; ▲ better in every seed, ▼ "
-                         f"worse in every seed**\n")  # fmt: skip
+            lines.append(f"\n**top-1 minus {label} (`{baseline}`){what}, same seed and data order, protocol "
+                         f"`{protocol}`: mean difference (points) and its 95 % t-interval over {n} seeds; ▲ better "
+                         f"in every seed, ▼ worse in every seed**\n")  # fmt: skip
             head = ["model", *["recipe"] * recipes, "RoPE scaling", *map(str, sizes)]
             lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
             for curve in dict.fromkeys(k[1:5] for k in keys):
