@@ -10,9 +10,10 @@ resolutions it never saw: the APE-vs-RoPE comparison.
 Every model trains once per seed (--seeds) under every recipe (``recipes``: named overrides of training keys, such
 as multi-resolution training with --train-sizes): a run each. Outputs in --output: results.csv (one row per run,
 eval size, protocol and RoPE scaling mode), results.md (mean ± std over seeds), accuracy_vs_resolution.png,
-extrapolation.png, log.csv (per epoch), config.yaml (resolved), and per run <tag>/model.safetensors (last weights)
-with <tag>/config.json (timm's: the folder is a timm model folder, ``timm.create_model("local-dir:<tag folder>")``)
-and <tag>/checkpoint.pt (resume state), written atomically every epoch.
+extrapolation.png, overview.png, log.csv (per epoch), config.yaml (resolved), and per run <tag>/model.safetensors
+(last weights) with <tag>/config.json (timm's: the folder is a timm model folder,
+``timm.create_model("local-dir:<tag folder>")``) and <tag>/checkpoint.pt (resume state), written atomically every
+epoch.
 
 Every setting is checked, and every model built once, before anything in --output changes; the run then holds a
 lock on the folder and writes only its own files there. What --resume does with changed settings, and what

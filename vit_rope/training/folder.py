@@ -32,7 +32,7 @@ __all__ = ["MODEL_FILES", "RESULT_FILES", "RUN_FILES", "append_csv", "atomic_wri
            "drop_log_rows", "locked", "read_log", "read_own", "remove_run_files", "run_folder", "write_csv",
            "write_json"]  # fmt: skip
 
-RESULT_FILES = ("results.csv", "results.md", "accuracy_vs_resolution.png", "extrapolation.png")
+RESULT_FILES = ("results.csv", "results.md", "accuracy_vs_resolution.png", "extrapolation.png", "overview.png")
 RUN_FILES = ("config.yaml", "log.csv", *RESULT_FILES)
 MODEL_FILES = ("checkpoint.pt", "model.safetensors", "config.json", "results.json")  # config.json: timm's, of the model
 LOCK = ".lock"
