@@ -224,3 +224,12 @@ def test_best_modes_pair_each_model_under_its_own_best_with_the_baseline_under_i
     text = report.paired_tables(kept, {"axial RoPE": "vit_rope_tiny"}, any_mode=True, what=", under the best")
     assert "top-1 minus axial RoPE (`vit_rope_tiny`), under the best, same seed" in text
     assert any(line.startswith("| vit_rope_mixed_tiny | pi vs yarn |") for line in text.splitlines())
+
+
+def test_the_headline_ends_with_the_largest_size_beyond_twice():
+    sizes = ((8, 30.0), (14, 50.0), (28, 40.0), (56, 35.0))
+    rows = [dict(model="m", recipe="", seed=0, train_size=14, eval_size=s, protocol="resize", rope_scaling="none",
+                 top1=t, top5=99.0, loss=1.0, params=10) for s, t in sizes]  # fmt: skip
+    text = report.headline_table(report.summarise(rows), 14)
+    assert "| model | recipe | best scaling at 2x | 8 px | 14 px | 28 px | 56 px | 28 / 14 |" in text
+    assert "| m | - | none | 30.0 | 50.0 | 40.0 | 35.0 | 0.80 |" in text
