@@ -561,7 +561,6 @@ def test_a_failed_command_leaves_the_previous_run_as_it_was(case, finished_run, 
         (["--finetune-sizes", "24", "--finetune-scaling", "linear"], r"unknown --finetune-scaling mode\(s\)"),
         (["--models", "vit_rope_mixed_tiny", "--finetune-sizes", "24", "--finetune-scaling", "ntk"],
          r"takes none of --finetune-scaling \['ntk'\]"),
-        (["--finetune-sizes", "24", "--eval-only", "--pretrained"], "--finetune-sizes trains, and --eval-only trains"),
     ],
 )  # fmt: skip
 def test_out_of_range_values_are_one_line_naming_the_setting(args, message, tmp_path):
@@ -624,6 +623,22 @@ def test_eval_only_of_a_run_folder_gives_the_runs_own_results(finished_run, tmp_
         "--rope-scaling", "none", "pi", "--train-samples", "96", "--val-samples", "32", "--output", str(tmp_path),
     ])  # fmt: skip
     assert rows == json.loads((finished_run / "vit_rope_tiny" / "results.json").read_text())
+
+
+def test_eval_only_fine_tunes_copies_of_the_given_weights(finished_run, tmp_path):
+    """--eval-only with --finetune-sizes: the weights' own zero-shot rows, then a fine-tuned copy's row per size and
+    mode, the same on a second call; the folder's weights are not changed."""
+    folder = finished_run / "vit_rope_tiny"
+    weights = (folder / "model.safetensors").read_bytes()
+    args = ["--eval-only", "--initial-checkpoint", str(folder), "--eval-sizes", "16", "24", "--rope-scaling", "none",
+            "pi", "--train-samples", "96", "--val-samples", "32", "--finetune-sizes", "24", "--finetune-steps", "2",
+            "--finetune-scaling", "none", "pi"]  # fmt: skip
+    rows, own = train.main([*args, "--output", str(tmp_path / "a")]), json.loads((folder / "results.json").read_text())
+    assert rows[: len(own)] == own
+    tuned = [(r["protocol"], r["eval_size"], r["rope_scaling"]) for r in rows[len(own) :]]
+    assert tuned == [("finetune", 24, "none"), ("finetune", 24, "pi")]
+    assert train.main([*args, "--output", str(tmp_path / "b")]) == rows
+    assert (folder / "model.safetensors").read_bytes() == weights
 
 
 def test_eval_only_refuses_weights_that_do_not_fit_a_model(finished_run, tmp_path):

@@ -147,7 +147,8 @@ class Settings:
                                             resume=EVALUATES)  # fmt: skip
     eval_batch_size: int = setting(128, "evaluation batch size per process", check=at_least(1), must="at least 1",
                                    resume=APPLIES)  # fmt: skip
-    eval_only: bool = setting(False, "evaluate --initial-checkpoint or --pretrained weights without training")
+    eval_only: bool = setting(False, "evaluate --initial-checkpoint or --pretrained weights without training them "
+                              "(--finetune-sizes: and fine-tuned copies of them)")  # fmt: skip
     finetune_sizes: tuple[int, ...] = setting((), "after training, fine-tune a copy of every model at each of these "
                                               "sizes (training images resized from the originals) for "
                                               "--finetune-steps steps, then evaluate it there (protocol 'finetune', "
@@ -208,8 +209,6 @@ class Settings:
             )
         if self.eval_only and not (self.initial_checkpoint or self.pretrained):
             raise SystemExit("error: --eval-only needs --initial-checkpoint PATH or --pretrained")
-        if self.eval_only and self.finetune_sizes:
-            raise SystemExit("error: --finetune-sizes trains, and --eval-only trains nothing; drop one of them")
         for name in self.recipes:
             self.for_recipe(name)  # each recipe's values checked
 
