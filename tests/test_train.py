@@ -170,6 +170,12 @@ def test_finetune_from_checkpoint_with_other_classes_and_size(start, tmp_path):
         "--initial-checkpoint", str(tmp_path / "ft" / "vit_ape_tiny" / weights), "--output", str(tmp_path / "ev"),
     ])  # fmt: skip
     assert again == rows
+    # and a fine-tuned copy of them: the folder's train/ is read for it, where plain --eval-only reads none
+    tuned = train.main([
+        *model, *data, *size, "--eval-only", "--finetune-sizes", "16", "--finetune-steps", "1", "--batch-size", "6",
+        "--initial-checkpoint", str(tmp_path / "ft" / "vit_ape_tiny" / weights), "--output", str(tmp_path / "et"),
+    ])  # fmt: skip
+    assert tuned[:1] == rows and [(r["protocol"], r["eval_size"]) for r in tuned[1:]] == [("finetune", 16)]
 
 
 def test_video_comparison_runs(tmp_path):
@@ -314,6 +320,8 @@ def test_folder_splits_use_the_training_class_indices(tmp_path, dataset):
     make_folder(tmp_path / "valonly", dict(val="ac"), clips=clips)
     only = replace(only, data_dir=str(tmp_path / "valonly"))
     assert D.build_data(only, dc)[2] == 2
+    with pytest.raises(FileNotFoundError, match="train' is missing"):  # fine-tuned copies train on train/
+        D.build_data(replace(only, finetune_sizes=(16,)), dc)
     make_folder(tmp_path / "extra", dict(train="abc", val="acd"), clips=clips)
     cfg = replace(cfg, data_dir=str(tmp_path / "extra"))
     with pytest.raises(ValueError, match=r"class folder\(s\) \['d'\] that the training split does not have"):

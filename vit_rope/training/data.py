@@ -450,6 +450,12 @@ class Data(NamedTuple):
     train_at: Callable[[int], Dataset] | None = None
 
 
+def reads_training_images(settings) -> bool:
+    """Whether a run reads the training split: --eval-only trains nothing, but fine-tuned copies (--finetune-sizes)
+    train on it."""
+    return not settings.eval_only or bool(settings.finetune_sizes)
+
+
 def build_data(settings, dc: dict) -> Data:
     """The data of a train.py run (``dc``: the model's data config, its normalisation); ``train_subset`` and
     ``val_subset`` keep a fixed part of each split."""
@@ -503,7 +509,7 @@ def all_data(settings, dc: dict) -> Data:
         return Data(scenes(settings.train_samples, split="train", transform=train_tf), make, val.num_classes,
                     scenes_at)  # fmt: skip
     read = partial(ElpvCells, elpv_folder(root)) if name == "elpv" else partial(torchvision_dataset, name, root)
-    originals = None if settings.eval_only else read(train=True)
+    originals = read(train=True) if reads_training_images(settings) else None
     val = read(train=False)
 
     def eval_set(size: int, protocol: str) -> Dataset:  # naflex: PIL images, for timm's NaFlex loader
@@ -532,7 +538,7 @@ def folder_data(settings, dc: dict) -> Data:
     )
     train_root, val_root = os.path.join(root, "train"), os.path.join(root, "val")
     for split in (train_root, val_root):
-        if not os.path.isdir(split) and not (split == train_root and settings.eval_only):
+        if not os.path.isdir(split) and not (split == train_root and not reads_training_images(settings)):
             raise FileNotFoundError(f"{split!r} is missing; {name} needs {layout}")
     if name == "imagefolder":
         eval_tf = image_transforms(settings, dc)[1]
@@ -549,7 +555,7 @@ def folder_data(settings, dc: dict) -> Data:
             return ClipFolder(root, size, settings.num_frames, dc["mean"], dc["std"], class_to_idx)
 
     train = None
-    if not settings.eval_only:
+    if reads_training_images(settings):
         train = make(train_root, None if settings.naflex else settings.img_size, train=True)
         class_to_idx = train.class_to_idx
         check_files(train, train_root)
