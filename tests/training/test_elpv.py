@@ -72,11 +72,11 @@ def test_a_missing_image_is_an_error_before_the_run(tmp_path):
 def test_not_installed_is_one_line_with_the_install_command(tmp_path, monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(
-        FileNotFoundError, match=r"ELPV is not installed: install it with `uv pip install elpv-dataset`"
+        FileNotFoundError, match=r"ELPV is not installed: install it with `uv run --extra elpv train.py \.\.\.`"
     ):
         elpv_folder(str(tmp_path))
     args = ["--dataset", "elpv", "--data-dir", str(tmp_path), "--output", str(tmp_path / "out")]
-    with pytest.raises(SystemExit, match="uv pip install elpv-dataset") as stop:
+    with pytest.raises(SystemExit, match=r"uv run --extra elpv train.py \.\.\.") as stop:
         train.main(args)
     assert "\n" not in str(stop.value) and not (tmp_path / "out").exists()
 
@@ -101,7 +101,7 @@ def test_a_run_trains_below_the_native_size_and_evaluates_from_the_originals(tmp
 INSTALLED = importlib.util.find_spec("elpv_dataset") is not None
 
 
-@pytest.mark.skipif(not INSTALLED, reason="elpv-dataset not installed (uv pip install elpv-dataset)")
+@pytest.mark.skipif(not INSTALLED, reason="elpv-dataset not installed (uv run --extra elpv ...)")
 def test_the_installed_elpv_reads_in_place():
     folder = elpv_folder("no-such-folder")
     train_cells, test = ElpvCells(folder, train=True), ElpvCells(folder, train=False)

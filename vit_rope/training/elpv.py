@@ -21,7 +21,7 @@ from pathlib import Path
 from PIL import Image
 from torch.utils.data import Dataset
 
-INSTALL = "uv pip install elpv-dataset"  # (PyPI, 91 MB; `pip install elpv-dataset` outside uv)
+INSTALL = "uv run --extra elpv train.py ..."  # (PyPI's elpv-dataset, 91 MB; `pip install elpv-dataset` outside uv)
 CLASSES = ("functional", "defective 1/3", "defective 2/3", "defective")  # defect probability 0, 1/3, 2/3, 1
 TYPES = ("mono", "poly")
 TEST_EVERY = 4  # every fourth cell of a (class, type) group is a test cell: the papers' 75/25
