@@ -49,8 +49,8 @@ from .tables import Table
 
 __all__ = ["ABS_POS_EMBEDS", "VisionTransformer", "absolute_embedding", "family_of", "pos_embed_names"]
 
-ABSOLUTE = ("ape", "sincos", "none")
-ABS_POS_EMBEDS = ("none", "ape", "sincos")  # what abs_pos_embed takes: an absolute embedding added to the tokens
+# the absolute embeddings: pos_embed values of their own, and what abs_pos_embed adds to a family's tokens
+ABS_POS_EMBEDS = ("none", "ape", "sincos")
 
 
 def family_of(pos_embed: str) -> str | None:
@@ -86,7 +86,12 @@ def absolute_embedding(pos_embed: str, abs_pos_embed: str = "none") -> str:
 def pos_embed_names() -> tuple[str, ...]:
     """Every ``pos_embed`` value the models take now."""
     models = tuple(f.model_name for f in FAMILIES.values() if f.model_name)
-    return (*ABSOLUTE, "rope_ape", *FAMILIES, *models)
+    return (*ABS_POS_EMBEDS, "rope_ape", *FAMILIES, *models)
+
+
+def zero_padding(x: Tensor, table: Table) -> Tensor:
+    """Tokens ``(B, N, C)`` with the rows of a NaFlex batch's padding (``table.keys`` False) zero; as they are else."""
+    return x if table.keys is None else x.masked_fill(~table.keys[:, 0, 0, :, None], 0.0)
 
 
 class Block(nn.Module):
@@ -445,10 +450,7 @@ class VisionTransformer(nn.Module):
         x = self.norm(x)
         if not naflex:
             return x
-        return {
-            "patches": x.masked_fill(~table.keys[:, 0, 0, :, None], 0.0),
-            "patch_valid": table.keys[:, 0, 0, self.num_prefix_tokens :],
-        }
+        return {"patches": zero_padding(x, table), "patch_valid": table.keys[:, 0, 0, self.num_prefix_tokens :]}
 
     def pool(self, x: Tensor, pool_type: str | None = None, patch_valid: Tensor | None = None) -> Tensor:
         """Pooled features ``(B, C)``; ``patch_valid (B, N)``: average or maximum over the real patch tokens alone."""
@@ -502,7 +504,7 @@ class VisionTransformer(nn.Module):
             x = self.run_block(i, x, table)
             if i in take_indices:
                 y = self.norm(x) if norm else x
-                intermediates.append(y if table.keys is None else y.masked_fill(~table.keys[:, 0, 0, :, None], 0.0))
+                intermediates.append(zero_padding(y, table))
         prefix = [y[:, : self.num_prefix_tokens] for y in intermediates]
         spatial = [y[:, self.num_prefix_tokens :] for y in intermediates]
         if output_fmt == "NCHW":  # (B, N, C) → (B, C, *grid)
@@ -511,10 +513,7 @@ class VisionTransformer(nn.Module):
             spatial = list(zip(spatial, prefix, strict=True))
         if intermediates_only:
             return spatial
-        x = self.norm(x)
-        if table.keys is not None:
-            x = x.masked_fill(~table.keys[:, 0, 0, :, None], 0.0)
-        return x, spatial
+        return zero_padding(self.norm(x), table), spatial
 
     def prune_intermediate_layers(
         self, indices: int | list[int] = 1, prune_norm: bool = False, prune_head: bool = True
