@@ -1,9 +1,17 @@
 """A position-encoding family defined here, outside the package, and registered before the tests are collected: every
 test that goes over the registry (the models, the families' properties, train.py's comparison) runs it as it runs the
-built-in families, with no test naming it. A user's family is as first-class as ours."""
+built-in families, with no test naming it. A user's family is as first-class as ours.
 
-import torch
-from torch import Tensor, nn
+Triton's interpreter is switched on first (before any kernel is defined): the tests run the fused kernel
+(vit_rope/kernels.py) on CPU tensors under it, choosing it with kernels.FUSED = "triton"; the models take the PyTorch
+path unless a test chooses the kernel."""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch  # noqa: E402
+from torch import Tensor, nn  # noqa: E402
 
 from vit_rope import register_family
 from vit_rope.families.axial import frequency_ladder

@@ -55,7 +55,11 @@ def read_batch(batch: dict, patch_size: tuple[int, ...], in_chans: int, axes: in
     if not isinstance(valid, Tensor) or tuple(valid.shape) != (B, N) or valid.dtype != torch.bool:
         got = (tuple(valid.shape), valid.dtype) if isinstance(valid, Tensor) else type(valid).__name__
         raise ValueError(f"patch_valid is {got}; expected bool ({B}, {N}): True for each real patch, False for padding")
-    if N == 0 or not bool(valid.any(dim=1).all()):
+    if N == 0:
+        raise ValueError("the batch has no patches (N = 0): every sample needs at least one real patch")
+    if torch.compiler.is_compiling():  # the values are data torch.compile cannot branch on: eager checks them
+        return patches, coord, valid
+    if not bool(valid.any(dim=1).all()):
         raise ValueError("a sample of the batch has no real patch (patch_valid all False): every sample needs one")
     if bool((coord[valid] < 0).any()):
         raise ValueError("patch_coord has a negative index among the real patches: indices count from 0 on each grid")

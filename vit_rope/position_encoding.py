@@ -147,6 +147,15 @@ class PositionEncoding(nn.Module):
             return Scaling(self.scaling, (1.0,) * self.axes, self.ref_grid)
         if grids is None:
             return Scaling(self.scaling, scale_factors(grid, self.ref_grid, self.scale, self.axes), self.ref_grid)
+        if self.scaling not in ("ntk", "yarn"):  # per-sample scales act on the coordinates alone (coordinates())
+            return Scaling(self.scaling, (1.0,) * self.axes, self.ref_grid)
+        if self.scale is not None:
+            return Scaling(self.scaling, self.scale, self.ref_grid)
+        if torch.compiler.is_compiling():
+            raise ValueError(
+                f"scaling={self.scaling!r} of a native-resolution batch derives one scale for the batch from its "
+                "grids, a value torch.compile cannot trace; give it (set_scaling(mode, scale), the model's rope_scale)"
+            )
         scales = self.sample_scales(grids)  # (B, 1, axes)
         if self.scaling in ("ntk", "yarn") and bool((scales != scales[:1]).any()):
             raise ValueError(
@@ -253,7 +262,7 @@ class PositionEncoding(nn.Module):
                 f"valid has shape {tuple(valid.shape)} and dtype {valid.dtype}; with positions "
                 f"{tuple(positions.shape)} it must be bool (B, N): True for each real token"
             )
-        if valid is not None and not bool(valid.any(-1).all()):
+        if valid is not None and not torch.compiler.is_compiling() and not bool(valid.any(-1).all()):
             raise ValueError("valid marks no token of some sample as real: every sample needs at least one")
 
     def _build(self, grid, positions, device: torch.device, dtype: torch.dtype, grids: Tensor | None = None) -> Table:

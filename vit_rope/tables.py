@@ -33,6 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .kernels import fused, turn_back, turn_qkv
+
 __all__ = [
     "AttentionBias",
     "Build",
@@ -45,10 +47,17 @@ __all__ = [
 ]
 
 
+# the device types that have autocast, asked once at import: torch.compile traces a set lookup, but before torch 2.12
+# it cannot trace torch.amp.is_autocast_available, and the graph break it leaves recompiles on every call
+_AUTOCAST_DEVICES = frozenset(
+    d for d in ("cpu", "cuda", "xpu", "mps", "hpu", "mtia", "xla", "maia") if torch.amp.is_autocast_available(d)
+)
+
+
 def outside_autocast(device_type: str):
     """A context where ops keep their inputs' precision, under autocast too (a device without autocast, such as meta,
     needs none)."""
-    return torch.autocast(device_type, enabled=False) if torch.amp.is_autocast_available(device_type) else nullcontext()
+    return torch.autocast(device_type, enabled=False) if device_type in _AUTOCAST_DEVICES else nullcontext()
 
 
 def split_heads(qkv: Tensor, heads: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -248,10 +257,13 @@ class RotaryTable(Table):
                 "scale v and the output too with rope_targets turning v or o; use 'pi', 'ntk' or 'normalized' there"
             )
         folded = self.basis is not None and targets == "qk"
-        if folded:
-            q, k, v = split_heads(F.linear(x, *fold_basis(qkv.weight, qkv.bias, self.basis, heads)), heads)
-        else:
-            q, k, v = split_heads(qkv(x), heads)
+        projected = F.linear(x, *fold_basis(qkv.weight, qkv.bias, self.basis, heads)) if folded else qkv(x)
+        if self.blocks is None and (self.basis is None or folded) and fused(projected):
+            # one kernel splits q, k, v off the projection and turns them (kernels.py); SDPA gets them contiguous
+            q, k, v = turn_qkv(projected, heads, self.cos, self.sin, targets.replace("o", ""), self.layout)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=self.keys, dropout_p=dropout)
+            return turn_back(out, self.cos, self.sin, self.layout) if "o" in targets else out
+        q, k, v = split_heads(projected, heads)
         q = self.rotate(q, in_basis=not folded) if "q" in targets else q
         k = self.rotate(k, in_basis=not folded) if "k" in targets else k
         v = self.rotate(v) if "v" in targets else v

@@ -48,7 +48,9 @@ def spectral_split(B: Tensor, gap: float = 1e-9) -> tuple[Tensor, Tensor] | None
     difference)."""
     b = B.shape[-1]
     w, V = torch.linalg.eigh(1j * B.double())  # Hermitian; eigenvalues ascending: -λ ..., λ ...
-    if w.diff(dim=-1).abs().min() < gap:
+    # torch.compile cannot branch on the eigenvalues: compiled, the split is taken (a learned block's eigenvalues
+    # meet with probability zero; eager checks)
+    if not torch.compiler.is_compiling() and w.diff(dim=-1).abs().min() < gap:
         return None
     v = V[..., b // 2 :]  # λ_k > 0: B v = -iλ v, so a = Re v and c = Im v span the plane B turns by λ (B a = λ c)
     # each eigenvector's phase fixed (its largest entry real): the split then depends on V only through what the

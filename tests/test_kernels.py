@@ -1,0 +1,162 @@
+"""The fused rotation (vit_rope/kernels.py): its Triton kernel, run on CPU under Triton's interpreter (conftest.py
+switches it on; bf16 is loaded, cast to float32 and computed as on a GPU), against explicit 2×2 rotation matrices in
+float64, forward and backward, for every shape of pair table; and the models through it against the PyTorch path."""
+
+import pytest
+import timm
+import torch
+
+from vit_rope import kernels
+from vit_rope.families import FAMILIES
+
+B, N, H, D = 2, 7, 3, 12  # 7 tokens: not a power of two (masked tails); 6 pairs a head
+
+
+@pytest.fixture
+def kernel(monkeypatch):
+    """The fused kernel for CPU tensors (the documented switch, as VIT_ROPE_FUSED=triton sets it)."""
+    monkeypatch.setattr(kernels, "FUSED", "triton")
+
+
+def reference(x, angles, turned, layout, inverse):
+    """x (S, B, H, N, D) float64 turned by explicit rotation matrices [[c, -s], [s, c]] of each pair's angle
+    (B, H, N, D/2) on the slices in ``turned``."""
+    angles = -angles if inverse else angles
+    c, s = angles.cos(), angles.sin()
+    R = torch.stack((torch.stack((c, -s), -1), torch.stack((s, c), -1)), -2)  # (B, H, N, P, 2, 2)
+    P = x.shape[-1] // 2
+    index = torch.arange(D).view(P, 2) if layout == "interleaved" else torch.arange(D).view(2, P).T  # pair channels
+    out = x.clone()
+    for i in turned:
+        pairs = x[i][..., index]  # (B, H, N, P, 2)
+        out[i][..., index] = (R @ pairs.unsqueeze(-1)).squeeze(-1)
+    return out
+
+
+TABLES = {  # a table's own shape, broadcast to (B, H, N, P) by the kernel's strides
+    "shared": (N, D // 2),
+    "per head": (H, N, D // 2),
+    "per sample": (B, 1, N, D // 2),
+    "per sample and head": (B, H, N, D // 2),
+}
+
+
+@pytest.mark.parametrize("table", TABLES)
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("targets", ["qk", "qkv", "v", "k"])
+def test_turn_qkv_is_the_rotation_of_each_pair(kernel, table, layout, dtype, targets):
+    """q, k, v of a qkv projection split and turned in one call, contiguous, in the input's dtype; within the input
+    dtype's rounding of the float64 rotation of the same (rounded) input."""
+    g = torch.Generator().manual_seed(0)
+    qkv = torch.randn(B, N, 3 * H * D, generator=g).to(dtype)
+    angles = torch.randn(TABLES[table], generator=g, dtype=torch.float64) * 20  # large angles too
+    q, k, v = kernels.turn_qkv(qkv, H, angles.cos().float(), angles.sin().float(), targets, layout)
+    x = qkv.double().view(B, N, 3, H, D).permute(2, 0, 3, 1, 4)
+    turned = [i for i, c in enumerate("qkv") if c in targets]
+    ref = reference(x, angles.expand(B, H, N, D // 2), turned, layout, inverse=False)
+    # bf16: one rounding of the float32 result; within one unit in the last place, since the interpreter truncates
+    # where a GPU rounds to nearest
+    tol = dict(rtol=0, atol=2e-6) if dtype == torch.float32 else dict(rtol=2**-7, atol=2**-12)
+    for got, want in zip((q, k, v), ref, strict=True):
+        assert got.dtype == dtype and got.shape == (B, H, N, D) and got.is_contiguous()
+        torch.testing.assert_close(got.double(), want, **tol)
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+def test_turn_back_undoes_the_turn(kernel, layout):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(B, H, N, D, generator=g)
+    angles = torch.randn(H, N, D // 2, generator=g, dtype=torch.float64)
+    ref = reference(x.double().unsqueeze(0), angles.expand(B, H, N, D // 2), [0], layout, inverse=True)[0]
+    out = kernels.turn_back(x, angles.cos().float(), angles.sin().float(), layout)
+    torch.testing.assert_close(out.double(), ref, rtol=0, atol=2e-6)
+    qkv = torch.cat([out.transpose(1, 2).reshape(B, N, H * D)] * 3, dim=-1)
+    q, _, _ = kernels.turn_qkv(qkv, H, angles.cos().float(), angles.sin().float(), "q", layout)
+    torch.testing.assert_close(q, x, rtol=0, atol=2e-6)
+
+
+@pytest.mark.parametrize("table", TABLES)
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+@pytest.mark.parametrize("inverse", [False, True])
+def test_gradients_reach_the_input_and_the_table(kernel, table, layout, inverse):
+    """Backward against float64 autograd of the explicit rotation: the input's gradient (written in the qkv
+    projection's own layout) and the table's, summed over what the table is broadcast over."""
+    g = torch.Generator().manual_seed(2)
+    qkv = torch.randn(B, N, 3 * H * D, generator=g, requires_grad=True)
+    angles = torch.randn(TABLES[table], generator=g, dtype=torch.float64)
+    cos = angles.cos().float().requires_grad_()
+    sin = angles.sin().float().requires_grad_()
+    weights = torch.randn(3, B, H, N, D, generator=g)
+    x = qkv.view(B, N, 3, H, D).permute(2, 0, 3, 1, 4)
+    shape = (B, H, N, D // 2)
+    out = kernels.turn_pairs(x, cos.expand(shape), sin.expand(shape), 0b011, layout == "interleaved", inverse, False)
+    (out * weights).sum().backward()
+
+    qkv64 = qkv.detach().double().requires_grad_()
+    cos64, sin64 = cos.detach().double().requires_grad_(), sin.detach().double().requires_grad_()
+    x64 = qkv64.view(B, N, 3, H, D).permute(2, 0, 3, 1, 4)
+    s = -sin64 if inverse else sin64
+    R = torch.stack((torch.stack((cos64, -s), -1), torch.stack((s, cos64), -1)), -2).expand(*shape, 2, 2)
+    P = D // 2
+    index = torch.arange(D).view(P, 2) if layout == "interleaved" else torch.arange(D).view(2, P).T
+    turned = [(R @ x64[i][..., index].unsqueeze(-1)).squeeze(-1) for i in (0, 1)]
+    ref = torch.zeros_like(x64)
+    for i in (0, 1):
+        ref[i][..., index] = turned[i]
+    ref[2] = x64[2]
+    (ref * weights.double()).sum().backward()
+    torch.testing.assert_close(qkv.grad.double(), qkv64.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(cos.grad.double(), cos64.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(sin.grad.double(), sin64.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_the_pytorch_path_is_the_kernels_arithmetic(kernel, monkeypatch):
+    """VIT_ROPE_FUSED=torch (or a device without Triton) computes the same, through the same op."""
+    g = torch.Generator().manual_seed(3)
+    qkv = torch.randn(B, N, 3 * H * D, generator=g)
+    angles = torch.randn(B, H, N, D // 2, generator=g)
+    fused = kernels.turn_qkv(qkv, H, angles.cos(), angles.sin(), "qk", "half")
+    monkeypatch.setattr(kernels, "FUSED", "torch")
+    plain = kernels.turn_qkv(qkv, H, angles.cos(), angles.sin(), "qk", "half")
+    for a, b in zip(fused, plain, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+PAIR_MODELS = [  # every family whose table turns pairs (a basis folded into q and k), and the rotary variants
+    dict(pos_embed=name) for name, f in FAMILIES.items() if f.rotary and f.min_axes <= 2 <= (f.max_axes or 2)
+] + [
+    dict(pos_embed="rope", rope_targets="vo"),
+    dict(pos_embed="rope_mixed", rope_targets="qkvo"),
+    dict(pos_embed="rope", rope_layout="half", rope_options=dict(p=0.5)),
+    dict(pos_embed="rope", rope_scaling="yarn"),
+    dict(pos_embed="rope", patch_drop_rate=0.5),
+]
+
+
+@pytest.mark.parametrize("kwargs", PAIR_MODELS, ids=lambda k: "-".join(str(v) for v in k.values()))
+def test_a_model_through_the_kernel_equals_the_pytorch_path(kernel, monkeypatch, kwargs):
+    """Logits and every parameter's gradient (learned tables too) agree in float32; under bf16 autocast q, k and v
+    reach attention in bfloat16."""
+    torch.manual_seed(0)
+    model = timm.create_model("vit_rope_tiny", depth=2, embed_dim=48, num_heads=2, img_size=16, patch_size=4,
+                              num_classes=3, **kwargs)  # fmt: skip
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    x = torch.randn(2, 3, 32, 32)  # twice the training size: YaRN's table scales as it turns
+
+    def run():
+        torch.manual_seed(1)  # the same tokens dropped
+        model.zero_grad()
+        out = model(x)
+        out.square().sum().backward()
+        return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    fused_out, fused_grads = run()
+    monkeypatch.setattr(kernels, "FUSED", "torch")
+    ref_out, ref_grads = run()
+    torch.testing.assert_close(fused_out, ref_out, rtol=1e-4, atol=1e-5)
+    assert fused_grads.keys() == ref_grads.keys()
+    for n in ref_grads:
+        torch.testing.assert_close(fused_grads[n], ref_grads[n], rtol=1e-3, atol=1e-5, msg=n)
