@@ -11,6 +11,7 @@ import timm
 import torch
 from test_naflex import collate, images
 
+from vit_rope import kernels
 from vit_rope.families import FAMILIES
 
 IMAGE_FAMILIES = [n for n, f in FAMILIES.items() if f.min_axes <= 2 <= (f.max_axes or 2)]
@@ -129,3 +130,12 @@ def test_compiled_and_eager_logits_agree_for_every_family():
             ref = model(x)
             out = torch.compile(model, fullgraph=True, backend="aot_eager")(x)
         torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5, msg=pos_embed)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pos_embed", ["rope", "rope_mixed", "string"])
+def test_the_fused_rotation_op_compiles_once(monkeypatch, pos_embed):
+    """Through the fused op (vit_rope::turn_pairs, as CUDA tensors take it): Dynamo and AOT autograd trace the op
+    and its backward (on CPU its PyTorch path: the interpreter's kernel cannot be traced)."""
+    monkeypatch.setattr(kernels, "FUSED", "triton")
+    compiles_once(small(pos_embed), [torch.randn(2, 3, 16, 16)], autocast=(True,))

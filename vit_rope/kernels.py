@@ -3,7 +3,7 @@
 A Triton kernel registered as ``vit_rope::turn_pairs`` with :func:`torch.library.triton_op`, so that eager mode and
 ``torch.compile`` run the same kernel (inductor sees into it). It reads its input through any strides (the qkv
 projection's output as ``(3, B, heads, N, dim)``, or attention's output), loads any float dtype, turns channel pairs in
-float32 and writes the input's dtype, contiguous: q, k and v as fused attention takes them. Its table is ``cos, sin
+float32 and writes the input's dtype in the input's layout: q, k and v as attention takes them without a rotation. Its table is ``cos, sin
 (B, heads, N, dim // 2)`` through any strides, so one kernel serves every pair table: shared (strides 0), per head
 (RoPE-Mixed), per sample (NaFlex, token dropping), a layer's of a per-layer table, both layouts, YaRN's scaled
 entries and the inverse turn (VO-RoPE's output). Backward turns the gradient back with the same kernel, writing it in
@@ -13,7 +13,8 @@ Which path a tensor takes (``FUSED``, from the environment variable ``VIT_ROPE_F
 
 * ``auto`` (default): the kernel for CUDA tensors, the PyTorch path (:mod:`vit_rope.tables`) elsewhere;
 * ``triton``: the kernel for every tensor; CPU tensors run it under Triton's interpreter, so set
-  ``TRITON_INTERPRET=1`` too (the tests and ``bench/kernel_ops.py`` do);
+  ``TRITON_INTERPRET=1`` too (the tests and ``bench/kernel_ops.py`` do), in eager mode (a compiled graph of CPU
+  tensors takes the op, which computes with PyTorch ops there);
 * ``torch``: the PyTorch path everywhere.
 
 The design follows the rotary kernels of Liger, flash-attn and TransformerEngine (a program per block of tokens and
@@ -41,10 +42,20 @@ if FUSED not in ("auto", "triton", "torch"):
 
 
 def fused(x: Tensor) -> bool:
-    """Whether ``x`` takes the fused kernel (module docstring); float64 never does (the kernel computes in float32)."""
+    """Whether attention turns ``x``'s heads through the fused op (module docstring); float64 never does (the kernel
+    computes in float32)."""
     if triton is None or FUSED == "torch" or x.dtype == torch.float64:
         return False
     return FUSED == "triton" or x.device.type == "cuda"
+
+
+def _launches_kernel(x: Tensor) -> bool:
+    """Whether the op launches its kernel on ``x``: on CUDA always (traced into a compiled graph too); on CPU under
+    the interpreter, in eager mode only (a traced tensor is a subclass; the interpreter's kernel cannot be traced, so
+    a compiled graph of CPU tensors takes the op's PyTorch path)."""
+    if triton is None or FUSED == "torch":
+        return False
+    return x.device.type == "cuda" or (FUSED == "triton" and type(x) is Tensor)
 
 
 if triton is not None:
@@ -102,19 +113,16 @@ def _turn_pairs_torch(x: Tensor, cos: Tensor, sin: Tensor, turned: int, interlea
     return torch.stack(out).to(x.dtype)
 
 
-def _empty_out(x: Tensor, keep_strides: bool) -> Tensor:
-    return torch.empty_like(x) if keep_strides else torch.empty(x.shape, dtype=x.dtype, device=x.device)
-
-
 @torch.library.triton_op("vit_rope::turn_pairs", mutates_args=())
 def turn_pairs(
-    x: Tensor, cos: Tensor, sin: Tensor, turned: int, interleaved: bool, inverse: bool, keep_strides: bool
+    x: Tensor, cos: Tensor, sin: Tensor, turned: int, interleaved: bool, inverse: bool
 ) -> Tensor:
     """``x (S, B, heads, N, dim)`` with the ``S`` slices whose bit is set in ``turned`` turned by ``cos, sin (B, heads,
-    N, dim // 2)`` (``inverse``: turned back), the others copied; contiguous, or in x's layout (``keep_strides``, for
-    a dense x)."""
-    out = _empty_out(x, keep_strides)
-    if not fused(x):
+    N, dim // 2)`` (``inverse``: turned back), the others copied; in x's layout where x is dense (the qkv
+    projection's: attention's output then needs no copy to merge its heads, as without a rotation), else
+    contiguous."""
+    out = torch.empty_like(x)
+    if not _launches_kernel(x):
         return out.copy_(_turn_pairs_torch(x, cos, sin, turned, interleaved, inverse))
     S, B, H, N, D = x.shape
     P = D // 2
@@ -124,7 +132,9 @@ def turn_pairs(
     def grid(meta):
         return (triton.cdiv(N, meta["BLOCK_N"]), H, S * B)
 
-    torch.library.wrap_triton(_turn_pairs_kernel)[grid](
+    # on CPU the interpreter's kernel, called as it is (torch < 2.12 cannot wrap it; it runs eagerly only)
+    kernel = torch.library.wrap_triton(_turn_pairs_kernel) if x.device.type == "cuda" else _turn_pairs_kernel
+    kernel[grid](
         x, cos, sin, out, B, N, P, turned, *x.stride(), *cos.stride(), *out.stride(),
         INTERLEAVED=interleaved, INVERSE=inverse, BLOCK_N=block_n, BLOCK_P=block_p,
     )  # fmt: skip
@@ -132,7 +142,7 @@ def turn_pairs(
 
 
 def _setup(ctx, inputs, output) -> None:
-    x, cos, sin, turned, interleaved, inverse, keep_strides = inputs
+    x, cos, sin, turned, interleaved, inverse = inputs
     ctx.args = (turned, interleaved, inverse)
     learned = cos.requires_grad or sin.requires_grad
     ctx.save_for_backward(cos, sin, x if learned else None)
@@ -141,12 +151,12 @@ def _setup(ctx, inputs, output) -> None:
 def _backward(ctx, grad: Tensor):
     cos, sin, x = ctx.saved_tensors
     turned, interleaved, inverse = ctx.args
-    # the transpose of a turn is the turn back; written in x's layout, so the qkv projection takes it as it is
-    grad_x = turn_pairs(grad, cos, sin, turned, interleaved, not inverse, True)
+    # the transpose of a turn is the turn back, written in x's layout: the qkv projection's gradient as it is
+    grad_x = turn_pairs(grad, cos, sin, turned, interleaved, not inverse)
     grad_cos = grad_sin = None
     if x is not None:
         grad_cos, grad_sin = _table_grads(x, grad, turned, interleaved, inverse)
-    return grad_x, grad_cos, grad_sin, None, None, None, None
+    return grad_x, grad_cos, grad_sin, None, None, None
 
 
 def _table_grads(x: Tensor, grad: Tensor, turned: int, interleaved: bool, inverse: bool) -> tuple[Tensor, Tensor]:
@@ -168,17 +178,18 @@ turn_pairs.register_autograd(_backward, setup_context=_setup)
 
 
 def turn_qkv(qkv: Tensor, heads: int, cos: Tensor, sin: Tensor, targets: str, layout: str) -> tuple[Tensor, ...]:
-    """A qkv projection ``(B, N, 3 · heads · dim)`` → q, k, v ``(B, heads, N, dim)`` each, contiguous, those named in
-    ``targets`` (letters of "qkv") turned by the table ``cos, sin ([B,] [heads | 1,] N, dim // 2)``."""
+    """A qkv projection ``(B, N, 3 · heads · dim)`` → q, k, v ``(B, heads, N, dim)`` each, those named in ``targets``
+    (letters of "qkv") turned by the table ``cos, sin ([B,] [heads | 1,] N, dim // 2)``; in the projection's layout,
+    as attention gets them without a rotation (a new tensor, so the projection's gradient is written in one pass)."""
     B, N, _ = qkv.shape
     x = qkv.view(B, N, 3, heads, -1).permute(2, 0, 3, 1, 4)  # (3, B, heads, N, dim): a view of qkv's layout
     turned = sum(1 << i for i, c in enumerate("qkv") if c in targets)
     shape = (B, heads, N, x.shape[-1] // 2)
-    out = turn_pairs(x, cos.expand(shape), sin.expand(shape), turned, layout == "interleaved", False, False)
+    out = turn_pairs(x, cos.expand(shape), sin.expand(shape), turned, layout == "interleaved", False)
     return out.unbind(0)
 
 
 def turn_back(x: Tensor, cos: Tensor, sin: Tensor, layout: str) -> Tensor:
     """Attention's output ``(B, heads, N, dim)`` turned back by each token's rotation (VO-RoPE's output)."""
     shape = (*x.shape[:-1], x.shape[-1] // 2)
-    return turn_pairs(x.unsqueeze(0), cos.expand(shape), sin.expand(shape), 1, layout == "interleaved", True, False)[0]
+    return turn_pairs(x.unsqueeze(0), cos.expand(shape), sin.expand(shape), 1, layout == "interleaved", True)[0]

@@ -69,13 +69,14 @@ def split_heads(qkv: Tensor, heads: int) -> tuple[Tensor, Tensor, Tensor]:
 
 def fold_basis(weight: Tensor, bias: Tensor | None, basis: Tensor, heads: int) -> tuple[Tensor, Tensor | None]:
     """A qkv projection's weight and bias with q's and k's rows turned by a basis ``(heads | 1, dim, dim)``:
-    ``P W_q``, ``P W_k`` (since ``<Pᵀ R P q, Pᵀ R P k> = <R P q, R P k>``)."""
+    ``P W_q``, ``P W_k`` (since ``<Pᵀ R P q, Pᵀ R P k> = <R P q, R P k>``). One product for q and k, the bias as one
+    more column of the weight, in the product's dtype (autocast's), which the projection then takes as it is."""
     w = weight.unflatten(0, (3, heads, -1))  # (3, heads, dim, C)
-    folded = torch.cat((basis.to(w.dtype) @ w[:2], w[2:])).flatten(0, 2)
-    if bias is None:
-        return folded, None
-    b = bias.unflatten(0, (3, heads, -1)).unsqueeze(-1)  # (3, heads, dim, 1)
-    return folded, torch.cat((basis.to(b.dtype) @ b[:2], b[2:])).flatten()
+    if bias is not None:
+        w = torch.cat((w, bias.view(3, heads, -1, 1)), dim=-1)  # (3, heads, dim, C + 1)
+    qk = torch.matmul(basis, w[:2])  # (2, heads, dim, C [+ 1])
+    folded = torch.cat((qk, w[2:].to(qk.dtype))).flatten(0, 2)
+    return (folded, None) if bias is None else (folded[:, :-1], folded[:, -1])
 
 
 def rotate_pairs(x: Tensor, cos: Tensor, sin: Tensor, layout: str = "interleaved") -> Tensor:
