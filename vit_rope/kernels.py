@@ -3,11 +3,12 @@
 A Triton kernel registered as ``vit_rope::turn_pairs`` with :func:`torch.library.triton_op`, so that eager mode and
 ``torch.compile`` run the same kernel (inductor sees into it). It reads its input through any strides (the qkv
 projection's output as ``(3, B, heads, N, dim)``, or attention's output), loads any float dtype, turns channel pairs in
-float32 and writes the input's dtype in the input's layout: q, k and v as attention takes them without a rotation. Its table is ``cos, sin
-(B, heads, N, dim // 2)`` through any strides, so one kernel serves every pair table: shared (strides 0), per head
-(RoPE-Mixed), per sample (NaFlex, token dropping), a layer's of a per-layer table, both layouts, YaRN's scaled
-entries and the inverse turn (VO-RoPE's output). Backward turns the gradient back with the same kernel, writing it in
-the input's own layout (the qkv projection's, so no copy follows), and gives a learned table its gradient.
+float32 and writes the input's dtype in the input's layout: q, k and v as attention takes them without a rotation.
+Its table is ``cos, sin (B, heads, N, dim // 2)`` through any strides, so one kernel serves every pair table: shared
+(strides 0), per head (RoPE-Mixed), per sample (NaFlex, token dropping), a layer's of a per-layer table, both
+layouts, YaRN's scaled entries and the inverse turn (VO-RoPE's output). Backward turns the gradient back with the
+same kernel, writing it in the input's own layout (the qkv projection's, so no copy follows), and gives a learned
+table its gradient.
 
 Which path a tensor takes (``FUSED``, from the environment variable ``VIT_ROPE_FUSED`` at import):
 
@@ -114,9 +115,7 @@ def _turn_pairs_torch(x: Tensor, cos: Tensor, sin: Tensor, turned: int, interlea
 
 
 @torch.library.triton_op("vit_rope::turn_pairs", mutates_args=())
-def turn_pairs(
-    x: Tensor, cos: Tensor, sin: Tensor, turned: int, interleaved: bool, inverse: bool
-) -> Tensor:
+def turn_pairs(x: Tensor, cos: Tensor, sin: Tensor, turned: int, interleaved: bool, inverse: bool) -> Tensor:
     """``x (S, B, heads, N, dim)`` with the ``S`` slices whose bit is set in ``turned`` turned by ``cos, sin (B, heads,
     N, dim // 2)`` (``inverse``: turned back), the others copied; in x's layout where x is dense (the qkv
     projection's: attention's output then needs no copy to merge its heads, as without a rotation), else
