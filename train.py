@@ -235,7 +235,7 @@ def optimizer_problem(model: torch.nn.Module, settings: Settings, saved: dict) -
     state that loads but would fail, or silently misapply, at the first step is refused now."""
     loaded, _ = make_optimizer(model, settings, steps=1)
     try:
-        loaded.load_state_dict(saved)
+        loaded.load_state_dict(own_implementation(saved, loaded))
     except (ValueError, KeyError, TypeError, RuntimeError, IndexError) as e:
         return f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
     fresh, _ = make_optimizer(model, settings, steps=1)
@@ -256,6 +256,18 @@ def optimizer_problem(model: torch.nn.Module, settings: Settings, saved: dict) -
             ):
                 return f"its state {k!r} of a weight of shape {tuple(p.shape)} does not match this optimizer's"
     return ""
+
+
+def own_implementation(saved: dict, optimizer: torch.optim.Optimizer) -> dict:
+    """A saved optimizer state whose groups take ``optimizer``'s implementation (fused or not, foreach or not) in
+    place of the saved one, which ``load_state_dict`` would otherwise restore: a run saved on a GPU (fused AdamW)
+    resumes on the CPU, and the other way round, each with the implementation its device has."""
+    groups = saved.get("param_groups") if isinstance(saved, dict) else None
+    if not isinstance(groups, list) or len(groups) != len(optimizer.param_groups):
+        return saved  # (load_state_dict names what is wrong)
+    own = [{k: g[k] for k in IMPLEMENTATION_KEYS if k in g} for g in optimizer.param_groups]
+    merged = [{**g, **o} if isinstance(g, dict) else g for g, o in zip(groups, own, strict=True)]
+    return {**saved, "param_groups": merged}
 
 
 ROW_FIELDS = ("model", "recipe", "seed", "train_size", "eval_size", "protocol", "rope_scaling", "top1", "top5", "loss",
@@ -390,7 +402,20 @@ def make_loader(ds: Dataset, settings: Settings, train: bool, epoch: int) -> Dat
         shuffle=False,
         num_workers=settings.workers,
         drop_last=train and len(indices) >= bs,
+        pin_memory=pin_memory(settings),
     )
+
+
+def pin_memory(settings: Settings) -> bool:
+    """Page-locked batches where they go to a CUDA device: the copy (``non_blocking``) then overlaps the work queued
+    before it. Pinning for the CPU would only cost time."""
+    return resolve_device(settings.device).type == "cuda"
+
+
+def compiled(module: torch.nn.Module, settings: Settings) -> torch.nn.Module:
+    """``module`` under ``torch.compile`` with --compile (else itself): the module a forward runs. The weights stay
+    ``module``'s own, so what is saved, averaged (EMA) or checked is the uncompiled module."""
+    return torch.compile(module) if settings.compile else module
 
 
 def image_sizes_of_batches(settings: Settings, epoch: int, steps: int) -> list[int]:
@@ -436,11 +461,26 @@ class Training:
     steps: int  # optimizer updates per epoch
 
 
+# torch's optimizers (timm's names for them) with a fused implementation: one kernel for every weight's update
+FUSED_OPTIMIZERS = ("adam", "adamw")
+# what says how an optimizer computes its step, not what step it computes: a resumed run keeps its own
+IMPLEMENTATION_KEYS = ("fused", "foreach")
+
+
 def make_optimizer(model: torch.nn.Module, settings: Settings, steps: int) -> tuple:
     """timm's optimizer (with its layer-wise LR decay over the model's group_matcher where --layer-decay asks it)
-    and its LR schedule, stepped every update."""
+    and its LR schedule, stepped every update. Adam and AdamW are torch's fused ones where the weights are on a CUDA
+    device (the same updates, fewer kernels); on the CPU torch's default implementation."""
+    params = list(model.parameters())
+    on_cuda = bool(params) and all(p.is_cuda for p in params)
+    fused = {"fused": True} if on_cuda and settings.opt.lower() in FUSED_OPTIMIZERS else {}
     optimizer = create_optimizer_v2(
-        model, settings.opt, lr=settings.lr, weight_decay=settings.weight_decay, layer_decay=settings.layer_decay
+        model,
+        settings.opt,
+        lr=settings.lr,
+        weight_decay=settings.weight_decay,
+        layer_decay=settings.layer_decay,
+        **fused,
     )
     scheduler, _ = create_scheduler_v2(
         optimizer,
@@ -487,7 +527,7 @@ def train_one_epoch(model, ddp, loader, training: Training, run: Run, epoch: int
     loss_sum = correct = seen = 0.0
     sizes = image_sizes_of_batches(settings, epoch, len(loader))
     for step, (x, y) in enumerate(bar):
-        x, y = batch_to(x, device), y.to(device)
+        x, y = batch_to(x, device), y.to(device, non_blocking=True)
         if sizes:
             x = resize_batch(x, sizes[step])
         target = y
@@ -522,7 +562,7 @@ def validate(model: torch.nn.Module, loader, device, amp: bool) -> dict:
     model.eval()
     loss_sum = top1 = top5 = count = 0.0
     for x, y in loader:
-        x, y = batch_to(x, device), y.to(device)
+        x, y = batch_to(x, device), y.to(device, non_blocking=True)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
             out = model(x)
         loss_sum += F.cross_entropy(out.float(), y, reduction="sum").item()
@@ -540,7 +580,7 @@ def resume_from(path: Path, model, training: Training) -> int:
     state = read_checkpoint(path, resume_remedy(path))  # (checked whole before the run; read again: the same file)
     try:
         model.load_state_dict(state["model"])
-        training.optimizer.load_state_dict(state["optimizer"])
+        training.optimizer.load_state_dict(own_implementation(state["optimizer"], training.optimizer))
         if training.ema is not None and state["model_ema"] is not None:
             training.ema.load_state_dict(state["model_ema"])
         restore_rng_state(state["rng"], *rank_world())
@@ -565,6 +605,7 @@ def train_model(run: Run, data: Data, device: torch.device) -> torch.nn.Module:
     if settings.eval_only:
         return model
     ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    forward = compiled(ddp, settings)  # (model keeps the weights: saved, averaged by the EMA, checked)
     seed_everything(settings.seed + rank)  # same weights on every rank (DDP syncs them), own dropout/mixup draws
     steps = max(len(data.train) // world // settings.batch_size, 1)
     if settings.naflex:  # timm's schedule: the same number of batches every epoch
@@ -577,16 +618,17 @@ def train_model(run: Run, data: Data, device: torch.device) -> torch.nn.Module:
             print(f"[{run.tag}] resumed after epoch {start} of {settings.epochs}", flush=True)
     if settings.resume and rank == 0:
         drop_log_rows(out / "log.csv", run.tag, after=start)
+    evaluated = training.ema.module if training.ema is not None else model
+    validated = compiled(evaluated, settings)
     for epoch in range(start, settings.epochs):
         t0 = time.time()
         loader = train_loader(run, data, model, epoch)
-        train_loss, train_top1 = train_one_epoch(model, ddp, loader, training, run, epoch, device)
+        train_loss, train_top1 = train_one_epoch(model, forward, loader, training, run, epoch, device)
         broken = [n for n, p in model.named_parameters() if not torch.isfinite(p).all()]
         if broken:
             stop(run.tag, f"weights became non-finite in epoch {epoch + 1} ({broken[:3]}...)", checkpoint)
-        evaluated = training.ema.module if training.ema is not None else model
         val_loader = make_loader(data.eval_set(settings.img_size, "resize"), settings, False, 0)
-        val = validate(evaluated, val_loader, device, settings.amp)
+        val = validate(validated, val_loader, device, settings.amp)
         if not math.isfinite(val["loss"]):
             stop(run.tag, f"the validation loss became {val['loss']} after epoch {epoch + 1}", checkpoint)
         rngs = all_rng_states()  # every rank's, so that each resumes its own draws
@@ -642,7 +684,7 @@ def eval_jobs(settings: Settings, modes: list[str], tuned: list[str] = ()) -> li
 def evaluate_resolutions(run: Run, model, data: Data, modes: list[str], device) -> list[dict]:
     """One result row per eval size, protocol and RoPE scaling mode."""
     settings, params = run.settings, sum(p.numel() for p in model.parameters())
-    rows = []
+    rows, forward = [], compiled(model, settings)
     bar = dict(desc=f"{run.tag} eval", disable=None if rank_world()[0] == 0 else True, leave=False)
     for protocol, size, mode in tqdm(eval_jobs(settings, modes), **bar):
         if mode != "-":
@@ -653,7 +695,7 @@ def evaluate_resolutions(run: Run, model, data: Data, modes: list[str], device) 
                                    budget=size)  # fmt: skip
         else:
             loader = make_loader(data.eval_set(size, protocol), settings, False, 0)
-        r = validate(model, loader, device, settings.amp)
+        r = validate(forward, loader, device, settings.amp)
         rows.append(
             dict(model=run.model, recipe=run.recipe, seed=run.seed, train_size=settings.img_size, eval_size=size,
                  protocol=protocol, rope_scaling=mode, top1=round(r["top1"], 2), top5=round(r["top5"], 2),
@@ -674,7 +716,8 @@ def finetune_loader(ds: Dataset, settings: Settings, size: int) -> DataLoader:
     while len(order) < need:
         order += torch.randperm(len(ds), generator=g).tolist()
     return DataLoader(torch.utils.data.Subset(ds, order[:need][rank::world]), batch_size=settings.batch_size,
-                      shuffle=False, num_workers=settings.workers, drop_last=True)  # fmt: skip
+                      shuffle=False, num_workers=settings.workers, drop_last=True,
+                      pin_memory=pin_memory(settings))  # fmt: skip
 
 
 def finetune(run: Run, model: torch.nn.Module, data: Data, tuned: list[str], device) -> list[dict]:
@@ -701,9 +744,9 @@ def finetune(run: Run, model: torch.nn.Module, data: Data, tuned: list[str], dev
             training = make_training(ft, tuned_model, data.num_classes, settings.finetune_steps)
             job = replace(run, settings=ft, tag=f"{run.tag} finetune {size}px {mode}")
             loader = finetune_loader(data.train_at(size), ft, size)
-            loss, _ = train_one_epoch(tuned_model, ddp, loader, training, job, 0, device)
-            r = validate(tuned_model, make_loader(data.eval_set(size, "resize"), settings, False, 0), device,
-                         settings.amp)  # fmt: skip
+            loss, _ = train_one_epoch(tuned_model, compiled(ddp, ft), loader, training, job, 0, device)
+            r = validate(compiled(tuned_model, ft), make_loader(data.eval_set(size, "resize"), settings, False, 0),
+                         device, settings.amp)  # fmt: skip
             rows.append(
                 dict(model=run.model, recipe=run.recipe, seed=run.seed, train_size=settings.img_size, eval_size=size,
                      protocol=FINETUNE, rope_scaling=mode, top1=round(r["top1"], 2), top5=round(r["top5"], 2),

@@ -110,18 +110,20 @@ def main() -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--compile", action="store_true")
+    p.add_argument("--depth", type=int, help="blocks of every model (default: each model's own; a quick dry run)")
     p.add_argument("--sections", nargs="+", default=["mask", "mixed"], choices=["mask", "mixed"])
     args = p.parse_args()
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         p.error(f"--device {args.device}: torch sees no CUDA device here; use --device cpu")
     malloc = keep_freed_memory()
-    setup = Setup(args.device, args.dtype, args.compile)
+    setup = Setup(args.device, args.dtype, args.compile, args.depth)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     dev = setup.device
     where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or platform.machine()
     print(f"{where}, {args.threads} CPU threads, torch {torch.__version__}, timm {timm.__version__}, {args.dtype}"
-          f"{', compiled' if args.compile else ''}, {malloc}, {args.repeats} interleaved rounds; ratios are "
+          f"{', compiled' if args.compile else ''}{f', depth {args.depth}' if args.depth else ''}, {malloc}, "
+          f"{args.repeats} interleaved rounds; ratios are "
           "throughput, medians of the rounds' paired ratios [interquartile range]")  # fmt: skip
     if "mask" in args.sections:
         mask_cost(setup, args.kinds, args.batch, args.repeats)

@@ -93,18 +93,21 @@ def keep_freed_memory() -> str:
 
 
 class Setup:
-    """Where and how every model runs: device, autocast dtype (None: float32), torch.compile or not."""
+    """Where and how every model runs: device, autocast dtype (None: float32), torch.compile or not, and a depth
+    that replaces every model's own (None: theirs; a shallow model makes a quick dry run of the whole script)."""
 
-    def __init__(self, device: str, dtype: str, compile: bool) -> None:
+    def __init__(self, device: str, dtype: str, compile: bool, depth: int | None = None) -> None:
         self.device = torch.device(device)
         self.dtype = None if dtype == "float32" else getattr(torch, dtype)
         self.compile = compile
+        self.depth = depth
 
     def autocast(self):
         return torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype is not None)
 
     def model(self, name: str, **kwargs) -> torch.nn.Module:
-        return timm.create_model(name, **kwargs).to(self.device)
+        depth = {} if self.depth is None else {"depth": self.depth}
+        return timm.create_model(name, **depth, **kwargs).to(self.device)
 
     def forward_fn(self, model, x):
         model.eval()
@@ -191,6 +194,12 @@ def rope_against_ape(setup: Setup, sizes: list[int], batch: int, repeats: int) -
         print(
             f"{size}px  activations saved for backward MB: " + ", ".join(f"{k} {v / 2**20:.0f}" for k, v in mem.items())
         )
+
+
+def image_families() -> list[str]:
+    """The registered families that encode 2D images (videorope takes 3 axes alone: a video model, the video
+    section's)."""
+    return [name for name, f in vit_rope.FAMILIES.items() if f.min_axes <= 2 <= (f.max_axes or 2)]
 
 
 def families_against_axial(setup: Setup, batch: int, repeats: int, families: list[str], size: int = 224) -> None:
@@ -301,19 +310,21 @@ def run_processes(n: int, argv: list[str]) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--sizes", type=int, nargs="+", default=[224, 384])
+    p.add_argument("--sizes", type=int, nargs="+", default=[224, 384], help="image sizes of the rope section; the "
+                   "families and tables sections time the first")  # fmt: skip
     p.add_argument("--repeats", type=int, default=15, help="interleaved rounds (train steps: half as many)")
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="autocast dtype")
     p.add_argument("--compile", action="store_true", help="torch.compile every model")
+    p.add_argument("--depth", type=int, help="blocks of every model (default: each model's own; a quick dry run)")
     p.add_argument("--malloc", default="keep", choices=["keep", "default"], help="see the docstring")
     p.add_argument("--sections", nargs="+", default=SECTIONS, choices=SECTIONS)
     p.add_argument(
         "--families",
         nargs="+",
-        choices=sorted(vit_rope.FAMILIES),
-        help="the families section's families (default: every registered one)",
+        choices=sorted(image_families()),
+        help="the families and tables sections' families (default: every registered image family)",
     )
     p.add_argument("--processes", type=int, default=1, help="repeat the whole run in this many fresh processes")
     p.add_argument("--profile", action="store_true", help="only profile a train step of ours RoPE and ours APE")
@@ -326,14 +337,15 @@ def main() -> None:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         p.error(f"--device {args.device}: torch sees no CUDA device here; use --device cpu")
     malloc = keep_freed_memory() if args.malloc == "keep" else "malloc as is"
-    setup = Setup(args.device, args.dtype, args.compile)
+    setup = Setup(args.device, args.dtype, args.compile, args.depth)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     dev = setup.device
     where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or platform.machine()
     print(
         f"{where}, {args.threads} CPU threads, torch {torch.__version__}, timm {timm.__version__}, {args.dtype}"
-        f"{', compiled' if args.compile else ''}, {malloc}, batch {args.batch}, {args.repeats} interleaved rounds; "
+        f"{', compiled' if args.compile else ''}{f', depth {args.depth}' if args.depth else ''}, {malloc}, "
+        f"batch {args.batch}, {args.repeats} interleaved rounds; "
         "ratios are throughput, medians of the rounds' paired ratios [interquartile range]"
     )
     if args.profile:
@@ -343,9 +355,9 @@ def main() -> None:
     if "apply" in args.sections:
         fast_path_against_reference(setup, args.batch, args.repeats)
     if "families" in args.sections:
-        families_against_axial(setup, args.batch, args.repeats, args.families or list(vit_rope.FAMILIES))
+        families_against_axial(setup, args.batch, args.repeats, args.families or image_families(), args.sizes[0])
     if "tables" in args.sections:
-        table_cost(setup, args.batch, args.repeats, args.families or list(vit_rope.FAMILIES))
+        table_cost(setup, args.batch, args.repeats, args.families or image_families(), args.sizes[0])
     if "video" in args.sections:
         video_against_image(setup, args.batch, max(args.repeats // 2, 3))
     if args.figures_json:

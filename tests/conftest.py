@@ -4,12 +4,17 @@ built-in families, with no test naming it. A user's family is as first-class as 
 
 Triton's interpreter is switched on first (before any kernel is defined): the tests run the fused kernel
 (vit_rope/kernels.py) on CPU tensors under it, choosing it with kernels.FUSED = "triton"; the models take the PyTorch
-path unless a test chooses the kernel."""
+path unless a test chooses the kernel.
+
+``--device`` (default cpu) names the device of the tests that take the ``device`` fixture (tests/test_device.py):
+``TRITON_INTERPRET=0 pytest --device cuda tests/test_device.py`` runs the models on a GPU, the fused kernel compiled
+rather than interpreted."""
 
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import pytest  # noqa: E402
 import torch  # noqa: E402
 from torch import Tensor, nn  # noqa: E402
 
@@ -39,3 +44,24 @@ class GainedAxial(PairFamily):
         F = build.precise(self.gain) * self.ladder  # ([layer,] heads, axes, dim // 2)
         angles = head_angles(coords.to(F.dtype), F)
         return RotaryTable.from_angles(angles, build, layout=self.layout, per_layer=self.per_layer)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--device", default="cpu", help="device of the tests that take it (cpu, cuda, cuda:1, ...)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A --device this machine lacks stops the run at once (not a run of failures, nor of skips that looks green)."""
+    name = config.getoption("--device")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise pytest.UsageError(f"--device {name!r} is not a device name (cpu, cuda, cuda:1, ...)") from None
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise pytest.UsageError(f"--device {name}: torch sees {torch.cuda.device_count()} CUDA device(s) here")
+
+
+@pytest.fixture(scope="session")
+def device(request: pytest.FixtureRequest) -> torch.device:
+    """The device --device names."""
+    return torch.device(request.config.getoption("--device"))

@@ -373,6 +373,45 @@ def test_resume_with_more_epochs_follows_the_new_schedule(tmp_path):
     assert len(lrs[0]) == 4 and lrs[0][2:] == lrs[1][2:]
 
 
+@pytest.mark.slow
+def test_compile_trains_and_evaluates_as_eager(tmp_path):
+    """--compile changes how a forward runs, not what it computes: one epoch of a few batches gives the eager run's
+    losses and accuracies (to float32 rounding); config.yaml records it, and --resume may switch it (it just
+    applies, like --workers)."""
+    args = [*ONE, "--epochs", "1", "--train-samples", "64", "--no-native-eval"]
+    eager = train.main([*args, "--output", str(tmp_path / "eager")])
+    fused = train.main([*args, "--compile", "--output", str(tmp_path / "compiled")])
+    logs = [read_csv(tmp_path / d / "log.csv") for d in ("eager", "compiled")]
+    for key in ("train_loss", "val_loss"):
+        assert float(logs[1][0][key]) == pytest.approx(float(logs[0][0][key]), rel=1e-4), key
+    one_sample = 100 / 32 + 1e-6  # (a sample whose two top logits tie to rounding may flip)
+    for key in ("train_top1", "val_top1"):
+        assert abs(float(logs[1][0][key]) - float(logs[0][0][key])) <= one_sample, key
+    assert [r["loss"] for r in fused] == pytest.approx([r["loss"] for r in eager], rel=1e-3)
+    assert yaml.safe_load((tmp_path / "compiled" / "config.yaml").read_text())["compile"] is True
+    assert yaml.safe_load((tmp_path / "eager" / "config.yaml").read_text())["compile"] is False
+    assert train.main(["--output", str(tmp_path / "eager"), "--resume", "--compile"]) == eager
+
+
+def test_a_saved_optimizer_state_resumes_with_this_devices_implementation():
+    """Fused AdamW (a CUDA run's) and torch's default (a CPU run's) compute the same update: a state saved by either
+    resumes under the other, taking this run's implementation rather than the saved one."""
+    model = torch.nn.Linear(3, 2)
+    settings, _ = train.parse_config(["--opt", "adamw"])
+    optimizer, _ = train.make_optimizer(model, settings, steps=1)
+    assert not any(g.get("fused") for g in optimizer.param_groups)  # the CPU: torch's default
+    model(torch.randn(4, 3)).sum().backward()
+    optimizer.step()
+    saved = optimizer.state_dict()
+    for g in saved["param_groups"]:
+        g["fused"], g["foreach"] = True, False  # as a CUDA run saves it
+    assert train.optimizer_problem(model, settings, saved) == ""
+    resumed, _ = train.make_optimizer(model, settings, steps=1)
+    resumed.load_state_dict(train.own_implementation(saved, resumed))
+    assert [g["fused"] for g in resumed.param_groups] == [g["fused"] for g in optimizer.param_groups]
+    assert saved["param_groups"][0]["fused"] is True  # (the saved state itself is left as it was)
+
+
 class Killed(BaseException):
     """A kill at a chosen point of a run (BaseException: nothing in train.py catches it)."""
 

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from timm.data import NaFlexMixup, create_naflex_loader
 from torch.utils.data import DataLoader, Dataset
 
-from .distributed import rank_world
+from .distributed import rank_world, resolve_device
 
 __all__ = ["LOSS_SCALES", "batch_to", "images_in", "loss_scale", "naflex_loader"]
 
@@ -37,7 +37,8 @@ def naflex_loader(
     the settings' augmentation (timm's NaFlex mixup for ``--mixup``/``--cutmix``), or evaluation at ``budget``
     tokens an image."""
     rank, world = rank_world()
-    common = dict(patch_size=patch_size, num_workers=settings.workers, use_prefetcher=False, pin_memory=False,
+    pin = resolve_device(settings.device).type == "cuda"  # page-locked batches copy to a GPU without blocking
+    common = dict(patch_size=patch_size, num_workers=settings.workers, use_prefetcher=False, pin_memory=pin,
                   persistent_workers=False, distributed=world > 1, rank=rank, world_size=world, mean=dc["mean"],
                   std=dc["std"], interpolation="bicubic", device=torch.device("cpu"))  # fmt: skip
     if not train:
@@ -64,10 +65,11 @@ def naflex_loader(
 
 
 def batch_to(x: torch.Tensor | dict, device: torch.device) -> torch.Tensor | dict:
-    """A batch (images, or a NaFlex dict of tensors and its ``seq_len``) on ``device``."""
+    """A batch (images, or a NaFlex dict of tensors and its ``seq_len``) on ``device``; copied without blocking (the
+    loaders pin their batches' memory for a CUDA device, and work queued after a copy waits for it on the stream)."""
     if isinstance(x, dict):
-        return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in x.items()}
-    return x.to(device)
+        return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in x.items()}
+    return x.to(device, non_blocking=True)
 
 
 def images_in(x: torch.Tensor | dict) -> int:

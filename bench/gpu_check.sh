@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# One GPU check (issue 40): speed, memory, train.py and the model tests on one CUDA device, in under 8 minutes.
+#
+#     bash bench/gpu_check.sh                          # a GPU machine (one H100): torch and timm installed
+#     DEVICE=cpu bash bench/gpu_check.sh               # the dry run: every step at tiny sizes on the CPU
+#     OUT=/some/folder PYTHON=.venv/bin/python bash bench/gpu_check.sh
+#
+# It installs nothing: a step whose packages are missing (pytest for the tests; pyyaml, safetensors, tqdm and
+# matplotlib for train.py) says so and is skipped. Every step has a time budget (`timeout`), and the whole run one
+# (TOTAL_BUDGET seconds, 465 on a GPU): a step that hangs costs its budget, not the run, and a step that would start
+# past the total is skipped with a note. The steps run cheapest and most telling first, the compiled benchmarks
+# (the slowest to start) last. Each step's output is shown and kept in $OUT/<step>.log; train.py's run is
+# $OUT/train; a summary of every step (exit status, seconds) ends the output and is $OUT/summary.txt.
+
+set -u
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+DEVICE=${DEVICE:-cuda}
+OUT=${OUT:-/tmp/gpu_check}
+PYTHON=${PYTHON:-$(command -v python || command -v python3)}
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"  # the package from this checkout, installed or not
+export PYTHONDONTWRITEBYTECODE=1                      # (nothing written into the checkout)
+mkdir -p "$OUT"
+
+if [ "$DEVICE" = cpu ]; then  # the dry run: the same commands at tiny sizes, shallow models
+    DRY=1; SCALE=4; TOTAL=${TOTAL_BUDGET:-1800}
+    SIZE=32; BATCH=2; REPEATS=2; DEPTH=(--depth 1); DTYPE=bfloat16
+else
+    DRY=0; SCALE=1; TOTAL=${TOTAL_BUDGET:-465}
+    SIZE=224; BATCH=128; REPEATS=10; DEPTH=(); DTYPE=bfloat16
+fi
+
+START=$SECONDS
+SUMMARY=()
+
+# step NAME BUDGET COMMAND...: run COMMAND under `timeout` (BUDGET seconds, times SCALE, cut to what the total
+# leaves), its output shown and kept in $OUT/NAME.log; record its exit status (124: over its budget) and time.
+step() {
+    local name=$1 budget=$(($2 * SCALE)) left
+    shift 2
+    left=$((TOTAL - (SECONDS - START)))
+    echo
+    echo "=================== [$name] budget ${budget}s (${left}s of the total left)"
+    echo "\$ $*"
+    if [ "$left" -lt 20 ]; then
+        echo "[$name] skipped: the total budget is spent"
+        SUMMARY+=("$(printf '%-18s skipped (total budget spent)' "$name")")
+        return
+    fi
+    [ "$budget" -gt "$left" ] && budget=$left
+    local t0=$SECONDS
+    timeout --kill-after=10 "$budget" "$@" 2>&1 | tee "$OUT/$name.log"
+    local rc=${PIPESTATUS[0]} took=$((SECONDS - t0))
+    local verdict=ok
+    [ "$rc" -ne 0 ] && verdict="FAILED (exit $rc)"
+    [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] && verdict="OVER BUDGET (killed after ${budget}s)"
+    echo "=================== [$name] $verdict in ${took}s"
+    SUMMARY+=("$(printf '%-18s %-40s %4ds' "$name" "$verdict" "$took")")
+}
+
+# skip NAME WHY: a step left out, with the reason in the summary.
+skip() {
+    echo
+    echo "=================== [$1] skipped: $2"
+    SUMMARY+=("$(printf '%-18s skipped: %s' "$1" "$2")")
+}
+
+# missing MODULE...: the modules of these that this Python cannot import (empty: all there).
+missing() {
+    "$PYTHON" - "$@" <<'EOF'
+import importlib.util, sys
+print(" ".join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))
+EOF
+}
+
+# ------------------------------------------------------------------------------------------------------- setup
+step env 30 "$PYTHON" - <<EOF
+import platform, torch, timm
+print("python", platform.python_version(), "| torch", torch.__version__, "| timm", timm.__version__)
+print("device $DEVICE:", torch.cuda.get_device_name(0) if "$DEVICE".startswith("cuda") else platform.machine())
+if "$DEVICE".startswith("cuda"):
+    assert torch.cuda.is_available(), "torch sees no CUDA device"
+    free, total = torch.cuda.mem_get_info()
+    print(f"GPU memory {total / 2**30:.0f} GiB ({free / 2**30:.0f} free); bf16 {torch.cuda.is_bf16_supported()}")
+try:
+    import triton
+    print("triton", triton.__version__)
+except ImportError:
+    print("triton missing: the PyTorch rotation path, no fused kernel")
+EOF
+command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv
+
+# ---------------------------------------------------- a. RoPE against APE, DeiT-III and timm's RoPE ViT, eager
+BENCH=(--device "$DEVICE" --dtype "$DTYPE" --batch "$BATCH" --repeats "$REPEATS" "${DEPTH[@]}")
+step a_rope_eager 60 "$PYTHON" bench/throughput.py "${BENCH[@]}" --sizes "$SIZE" --sections rope
+
+# -------------------------------------------------------------------------- b. every family against axial, eager
+FAMILY_BATCH=$([ "$DRY" = 1 ] && echo "$BATCH" || echo 64)
+step b_families 75 "$PYTHON" bench/throughput.py "${BENCH[@]}" --batch "$FAMILY_BATCH" --sizes "$SIZE" \
+    --sections families
+
+# ----------------------------------------------------------- d. peak memory of a train step, RoPE against APE
+step d_memory 45 "$PYTHON" bench/memory.py --device "$DEVICE" --train --dtype "$DTYPE" --batch "$BATCH" \
+    --sizes "$SIZE" --models vit_ape_small vit_rope_small
+
+# ------------------------------------------------------------ f. the models' tests on the device (pytest)
+NEED=$(missing pytest)
+if [ -n "$NEED" ]; then
+    skip f_tests "$NEED missing (this script installs nothing)"
+else
+    # the fused kernel compiled for the GPU (tests/conftest.py interprets Triton unless told otherwise)
+    INTERPRET=$([ "$DEVICE" = cpu ] && echo 1 || echo 0)
+    step f_tests 90 env TRITON_INTERPRET=$INTERPRET "$PYTHON" -m pytest -q -p no:cacheprovider --device "$DEVICE" \
+        tests/test_device.py
+fi
+
+# ------------------------------------- e. train.py: a few hundred compiled, autocast train steps on synthetic data
+NEED=$(missing yaml safetensors tqdm matplotlib)
+if [ -n "$NEED" ]; then
+    skip e_train "train.py needs $NEED (missing; this script installs nothing)"
+else
+    if [ "$DRY" = 1 ]; then  # 4 steps of a one-block model
+        TRAIN=(--models vit_rope_tiny --model-kwargs patch_size=8 depth=1 embed_dim=32 num_heads=2 --img-size 16
+               --eval-sizes 16 --train-samples 128 --val-samples 32 --batch-size 32 --epochs 1 --workers 0)
+    else  # 2 epochs of 160 steps of ViT-S at 32 px (64 tokens); the scenes are drawn by the CPU's workers
+        WORKERS=$(($(nproc) > 13 ? 12 : $(nproc) - 1))
+        TRAIN=(--models vit_rope_small --model-kwargs patch_size=4 --img-size 32 --eval-sizes 32
+               --train-samples 10240 --val-samples 1024 --batch-size 64 --epochs 2 --workers "$WORKERS")
+    fi
+    step e_train 120 "$PYTHON" train.py --dataset synthetic --no-aug --no-native-eval --rope-scaling none \
+        --warmup-epochs 1 --lr 1e-3 "${TRAIN[@]}" --device "$DEVICE" --compile --amp --output "$OUT/train" \
+        --overwrite
+    [ -f "$OUT/train/log.csv" ] && echo "log.csv:" && cat "$OUT/train/log.csv"
+fi
+
+# -------------------------------------------------------------------------- a. the same, every model compiled
+step a_rope_compiled 180 "$PYTHON" bench/throughput.py "${BENCH[@]}" --sizes "$SIZE" --sections rope --compile
+
+# -------------------------------------------------------------------- c. NaFlex batches against images, compiled
+step c_naflex 150 "$PYTHON" bench/naflex.py --device "$DEVICE" --dtype "$DTYPE" --batch "$BATCH" \
+    --repeats "$REPEATS" "${DEPTH[@]}" --kinds rope --compile
+
+# ------------------------------------------------------------------------------------------------------ summary
+{
+    echo
+    echo "=================== summary ($DEVICE, $((SECONDS - START))s of ${TOTAL}s; logs in $OUT)"
+    printf '%s\n' "${SUMMARY[@]}"
+} | tee "$OUT/summary.txt"
