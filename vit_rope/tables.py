@@ -74,7 +74,7 @@ def fold_basis(weight: Tensor, bias: Tensor | None, basis: Tensor, heads: int) -
     w = weight.unflatten(0, (3, heads, -1))  # (3, heads, dim, C)
     if bias is not None:
         w = torch.cat((w, bias.view(3, heads, -1, 1)), dim=-1)  # (3, heads, dim, C + 1)
-    qk = torch.matmul(basis, w[:2])  # (2, heads, dim, C [+ 1])
+    qk = torch.matmul(basis.to(w.dtype), w[:2])  # (2, heads, dim, C [+ 1]); a bf16 model: bf16
     folded = torch.cat((qk, w[2:].to(qk.dtype))).flatten(0, 2)
     return (folded, None) if bias is None else (folded[:, :-1], folded[:, -1])
 
