@@ -50,15 +50,20 @@ def count(pos_embed: str, size: int, batch: int, **kwargs) -> tuple[float, float
         block.register_forward_pre_hook(lambda *_: setattr(counter, "active", True))
         block.register_forward_hook(lambda *_: setattr(counter, "active", False))
     x = torch.randn(batch, 3, size, size)
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        model(x)  # warm (lazy state, caches)
-        with counter:
+
+    def forward():  # each forward in an autocast region of its own, as a training loop runs it: autocast casts a
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # weight once per region, so one region would hide the casts
             model(x)
+
+    with torch.no_grad():
+        forward()  # warm (lazy state)
+        with counter:
+            forward()
         blocks = counter.ops.copy()
         outside = OpCounter()
         outside.active = True
         with outside:
-            model(x)
+            forward()
     depth = len(model.blocks)
     total_blocks = sum(blocks.values())
     return total_blocks / depth, sum(outside.ops.values()) - total_blocks, blocks

@@ -67,15 +67,14 @@ def split_heads(qkv: Tensor, heads: int) -> tuple[Tensor, Tensor, Tensor]:
     return q, k, v
 
 
-def fold_basis(weight: Tensor, bias: Tensor | None, basis: Tensor, heads: int) -> tuple[Tensor, Tensor | None]:
-    """A qkv projection's weight and bias with q's and k's rows turned by a basis ``(heads | 1, dim, dim)``:
-    ``P W_q``, ``P W_k`` (since ``<Pᵀ R P q, Pᵀ R P k> = <R P q, R P k>``). One product for q and k, the bias as one
-    more column of the weight, in the product's dtype (autocast's), which the projection then takes as it is."""
+def fold_basis(weight: Tensor, bias: Tensor | None, fold: Tensor, heads: int) -> tuple[Tensor, Tensor | None]:
+    """A qkv projection's weight and bias with q's and k's rows turned by their basis: ``P W_q``, ``P W_k`` (since
+    ``<Pᵀ R P q, Pᵀ R P k> = <R P q, R P k>``), v's kept; ``fold (3, heads | 1, dim, dim)`` is a table's ``fold``
+    (P, P and the identity), so that one product folds all three, the bias with them as one more column."""
     w = weight.unflatten(0, (3, heads, -1))  # (3, heads, dim, C)
     if bias is not None:
         w = torch.cat((w, bias.view(3, heads, -1, 1)), dim=-1)  # (3, heads, dim, C + 1)
-    qk = torch.matmul(basis.to(w.dtype), w[:2])  # (2, heads, dim, C [+ 1]); a bf16 model: bf16
-    folded = torch.cat((qk, w[2:].to(qk.dtype))).flatten(0, 2)
+    folded = torch.matmul(fold.to(w.dtype), w).flatten(0, 2)  # (3 · heads · dim, C [+ 1])
     return (folded, None) if bias is None else (folded[:, :-1], folded[:, -1])
 
 
@@ -166,7 +165,9 @@ class Table:
 class RotaryTable(Table):
     """A rotation of every token's channels, per head: pairs by ``cos``/``sin ([B,] [layer,] heads | 1, N, dim // 2)``
     in ``layout``, or blocks by ``blocks ([B,] [layer,] heads | 1, N, dim // b, b, b)`` (channels past the last block
-    stay unturned); inside ``basis ([layer,] heads | 1, dim, dim)`` when given: ``R = basisᵀ · turn · basis``.
+    stay unturned); inside ``basis ([layer,] heads | 1, dim, dim)`` when given: ``R = basisᵀ · turn · basis``, with
+    ``fold ([layer,] 3, heads | 1, dim, dim)`` beside it, the basis of q, k and v (P, P, the identity) that attention
+    folds into its qkv projection (built with the table, once a forward rather than once a block).
 
     ``scaled``: ``|cos + i·sin| ≠ 1`` (YaRN's temperature), so it scales as it turns and cannot turn back.
     """
@@ -175,6 +176,7 @@ class RotaryTable(Table):
     sin: Tensor | None = None
     blocks: Tensor | None = None
     basis: Tensor | None = None
+    fold: Tensor | None = None
     layout: str = "interleaved"
     scaled: bool = False
 
@@ -198,10 +200,16 @@ class RotaryTable(Table):
             m = build.temperature.to(cos)
             cos, sin = cos * m, sin * m
         dtype = build.dtype
+        fold = None
+        if basis is not None:
+            basis = basis.to(dtype)
+            eye = torch.eye(basis.shape[-1], dtype=dtype, device=basis.device).expand_as(basis)
+            fold = torch.stack((basis, basis, eye), dim=-4)  # ([layer,] 3, heads | 1, dim, dim)
         return cls(
             cos=cos.to(dtype),
             sin=sin.to(dtype),
-            basis=None if basis is None else basis.to(dtype),
+            basis=basis,
+            fold=fold,
             layout=layout,
             per_layer=per_layer,
             scaled=build.temperature is not None,
@@ -238,6 +246,7 @@ class RotaryTable(Table):
             sin=None if sin is None else sin.select(-4, index),
             blocks=None if blocks is None else blocks.select(-6, index),
             basis=None if basis is None else basis.select(-4, index),
+            fold=None if self.fold is None else self.fold.select(-5, index),
             per_layer=False,
         )
 
@@ -258,7 +267,7 @@ class RotaryTable(Table):
                 "scale v and the output too with rope_targets turning v or o; use 'pi', 'ntk' or 'normalized' there"
             )
         folded = self.basis is not None and targets == "qk"
-        projected = F.linear(x, *fold_basis(qkv.weight, qkv.bias, self.basis, heads)) if folded else qkv(x)
+        projected = F.linear(x, *fold_basis(qkv.weight, qkv.bias, self.fold, heads)) if folded else qkv(x)
         if self.blocks is None and (self.basis is None or folded) and fused(projected):
             # one kernel splits q, k, v off the projection and turns them (kernels.py); SDPA gets them contiguous
             q, k, v = turn_qkv(projected, heads, self.cos, self.sin, targets.replace("o", ""), self.layout)
