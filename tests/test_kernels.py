@@ -1,4 +1,4 @@
-"""The fused rotation (vit_rope/kernels.py): its Triton kernel, run on CPU under Triton's interpreter (conftest.py
+"""The fused rotation (vit_rope/kernels.py): its Triton kernels (pairs, blocks), run on CPU under Triton's interpreter (conftest.py
 switches it on; bf16 is loaded, cast to float32 and computed as on a GPU), against explicit 2×2 rotation matrices in
 float64, forward and backward, for every shape of pair table; and the models through it against the PyTorch path."""
 
@@ -51,7 +51,7 @@ def test_turn_qkv_is_the_rotation_of_each_pair(kernel, table, layout, dtype, tar
     g = torch.Generator().manual_seed(0)
     qkv = torch.randn(B, N, 3 * H * D, generator=g).to(dtype)
     angles = torch.randn(TABLES[table], generator=g, dtype=torch.float64) * 20  # large angles too
-    q, k, v = kernels.turn_qkv(qkv, H, angles.cos().float(), angles.sin().float(), targets, layout)
+    q, k, v = kernels.turn_qkv(qkv, H, targets, cos=angles.cos().float(), sin=angles.sin().float(), layout=layout)
     x = qkv.double().view(B, N, 3, H, D).permute(2, 0, 3, 1, 4)
     turned = [i for i, c in enumerate("qkv") if c in targets]
     ref = reference(x, angles.expand(B, H, N, D // 2), turned, layout, inverse=False)
@@ -69,10 +69,10 @@ def test_turn_back_undoes_the_turn(kernel, layout):
     x = torch.randn(B, H, N, D, generator=g)
     angles = torch.randn(H, N, D // 2, generator=g, dtype=torch.float64)
     ref = reference(x.double().unsqueeze(0), angles.expand(B, H, N, D // 2), [0], layout, inverse=True)[0]
-    out = kernels.turn_back(x, angles.cos().float(), angles.sin().float(), layout)
+    out = kernels.turn_back(x, cos=angles.cos().float(), sin=angles.sin().float(), layout=layout)
     torch.testing.assert_close(out.double(), ref, rtol=0, atol=2e-6)
     qkv = torch.cat([out.transpose(1, 2).reshape(B, N, H * D)] * 3, dim=-1)
-    q, _, _ = kernels.turn_qkv(qkv, H, angles.cos().float(), angles.sin().float(), "q", layout)
+    q, _, _ = kernels.turn_qkv(qkv, H, "q", cos=angles.cos().float(), sin=angles.sin().float(), layout=layout)
     torch.testing.assert_close(q, x, rtol=0, atol=2e-6)
 
 
@@ -116,14 +116,73 @@ def test_the_pytorch_path_is_the_kernels_arithmetic(kernel, monkeypatch):
     g = torch.Generator().manual_seed(3)
     qkv = torch.randn(B, N, 3 * H * D, generator=g)
     angles = torch.randn(B, H, N, D // 2, generator=g)
-    fused = kernels.turn_qkv(qkv, H, angles.cos(), angles.sin(), "qk", "half")
+    fused = kernels.turn_qkv(qkv, H, "qk", cos=angles.cos(), sin=angles.sin(), layout="half")
     monkeypatch.setattr(kernels, "FUSED", "torch")
-    plain = kernels.turn_qkv(qkv, H, angles.cos(), angles.sin(), "qk", "half")
+    plain = kernels.turn_qkv(qkv, H, "qk", cos=angles.cos(), sin=angles.sin(), layout="half")
     for a, b in zip(fused, plain, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
 
 
-PAIR_MODELS = [  # every family whose table turns pairs (a basis folded into q and k), and the rotary variants
+def random_rotations(shape, size, generator):
+    """Orthogonal ``(*shape, size, size)`` blocks in float64 (exponentials of random skew matrices)."""
+    A = torch.randn(*shape, size, size, generator=generator, dtype=torch.float64)
+    return torch.linalg.matrix_exp(A - A.mT)
+
+
+@pytest.mark.parametrize("table", TABLES)
+@pytest.mark.parametrize("size", [4, 5])  # 12 channels: 3 blocks of 4, or 2 of 5 and 2 channels unturned
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("transpose", [False, True])
+def test_turn_blocks_is_each_blocks_product(kernel, table, size, dtype, transpose):
+    """Each block of channels times its token's matrix (or its transpose), channels past the last block and the
+    slices not turned copied; against float64 products of the same (rounded) input."""
+    g = torch.Generator().manual_seed(4)
+    count = D // size
+    R = random_rotations(TABLES[table][:-1] + (count,), size, g)
+    qkv = torch.randn(B, N, 3 * H * D, generator=g).to(dtype)
+    x = qkv.view(B, N, 3, H, D).permute(2, 0, 3, 1, 4)
+    out = kernels.turn_blocks(x, R.float().expand(B, H, N, count, size, size), 0b101, transpose)
+    x64, Rx = x.double(), R.expand(B, H, N, count, size, size)
+    Rx = Rx.mT if transpose else Rx
+    tol = dict(rtol=0, atol=5e-6) if dtype == torch.float32 else dict(rtol=2**-7, atol=2**-12)
+    for i in range(3):
+        want = x64[i].clone()
+        if i != 1:
+            blocks = x64[i][..., : count * size].unflatten(-1, (count, size)).unsqueeze(-1)
+            want[..., : count * size] = (Rx @ blocks).squeeze(-1).flatten(-2)
+        assert out[i].dtype == dtype and out[i].stride() == x[i].stride()
+        torch.testing.assert_close(out[i].double(), want, **tol)
+
+
+@pytest.mark.parametrize("table", TABLES)
+@pytest.mark.parametrize("transpose", [False, True])
+def test_block_gradients_reach_the_input_and_the_blocks(kernel, table, transpose):
+    g = torch.Generator().manual_seed(5)
+    size, count = 5, 2
+    R = random_rotations(TABLES[table][:-1] + (count,), size, g).float().requires_grad_()
+    qkv = torch.randn(B, N, 3 * H * D, generator=g, requires_grad=True)
+    weights = torch.randn(3, B, H, N, D, generator=g)
+    x = qkv.view(B, N, 3, H, D).permute(2, 0, 3, 1, 4)
+    out = kernels.turn_blocks(x, R.expand(B, H, N, count, size, size), 0b011, transpose)
+    (out * weights).sum().backward()
+    qkv64 = qkv.detach().double().requires_grad_()
+    R64 = R.detach().double().requires_grad_()
+    x64 = qkv64.view(B, N, 3, H, D).permute(2, 0, 3, 1, 4)
+    Rx = R64.expand(B, H, N, count, size, size)
+    Rx = Rx.mT if transpose else Rx
+    parts = []
+    for i in range(3):
+        if i == 2:
+            parts.append(x64[i])
+            continue
+        turned = (Rx @ x64[i][..., : count * size].unflatten(-1, (count, size)).unsqueeze(-1)).squeeze(-1)
+        parts.append(torch.cat((turned.flatten(-2), x64[i][..., count * size :]), dim=-1))
+    (torch.stack(parts) * weights.double()).sum().backward()
+    torch.testing.assert_close(qkv.grad.double(), qkv64.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(R.grad.double(), R64.grad, rtol=1e-5, atol=1e-5)
+
+
+PAIR_MODELS = [  # every rotary family (pairs, a basis folded into q and k, blocks), and the rotary variants
     dict(pos_embed=name) for name, f in FAMILIES.items() if f.rotary and f.min_axes <= 2 <= (f.max_axes or 2)
 ] + [
     dict(pos_embed="rope", rope_targets="vo"),
@@ -131,6 +190,8 @@ PAIR_MODELS = [  # every family whose table turns pairs (a basis folded into q a
     dict(pos_embed="rope", rope_layout="half", rope_options=dict(p=0.5)),
     dict(pos_embed="rope", rope_scaling="yarn"),
     dict(pos_embed="rope", patch_drop_rate=0.5),
+    dict(pos_embed="liere", rope_targets="vo", rope_options=dict(block_size=5, per_head=True, per_layer=True)),
+    dict(pos_embed="liere", patch_drop_rate=0.5),
 ]
 
 

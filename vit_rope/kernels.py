@@ -35,7 +35,7 @@ try:
 except ImportError:  # a torch without Triton (macOS, some CPU builds): the PyTorch path alone
     triton = None
 
-__all__ = ["FUSED", "fused", "turn_pairs", "turn_qkv"]
+__all__ = ["FUSED", "fused", "turn_back", "turn_blocks", "turn_pairs", "turn_qkv"]
 
 FUSED = os.environ.get("VIT_ROPE_FUSED", "auto")
 if FUSED not in ("auto", "triton", "torch"):
@@ -92,6 +92,42 @@ if triton is not None:
         out = out_ptr + s * os_s + b * os_b + h * os_h + n * os_n
         tl.store(out + first * os_d, x0 * c - x1 * sn, mask=mask)
         tl.store(out + second * os_d, x0 * sn + x1 * c, mask=mask)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _turn_blocks_kernel(
+        x_ptr, r_ptr, out_ptr,
+        B, N, NB, BS, D, turned,
+        xs_s, xs_b, xs_h, xs_n, xs_d,
+        rs_b, rs_h, rs_n, rs_j, rs_i, rs_k,
+        os_s, os_b, os_h, os_n, os_d,
+        BLOCK_N: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_R: tl.constexpr,
+    ):  # fmt: skip
+        # one program: BLOCK_N tokens of one head of one sample of one of q, k, v (s); channel j·b + i is entry i of
+        # block j; y_ji = Σ_k R_jik x_jk (the strides of R swapped for Rᵀ); channels past the last block are copied
+        pid_n, h, sb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        s, b = sb // B, sb % B
+        n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)[:, None, None]  # (BLOCK_N, 1, 1)
+        j = tl.arange(0, BLOCK_J)[None, :, None]  # (1, BLOCK_J, 1): block
+        i = tl.arange(0, BLOCK_B)[None, None, :]  # (1, 1, BLOCK_B): entry within the block
+        mask = (n < N) & (j < NB) & (i < BS)
+        x = x_ptr + s * xs_s + b * xs_b + h * xs_h
+        out = out_ptr + s * os_s + b * os_b + h * os_h
+        xb = tl.load(x + n * xs_n + (j * BS + i) * xs_d, mask=mask, other=0.0).to(tl.float32)  # (BLOCK_N, J, B)
+        r = r_ptr + b * rs_b + h * rs_h + n[:, :, :, None] * rs_n + j[:, :, :, None] * rs_j
+        r = r + i[:, :, :, None] * rs_i + tl.arange(0, BLOCK_B)[None, None, None, :] * rs_k
+        kmask = mask[:, :, :, None] & (tl.arange(0, BLOCK_B)[None, None, None, :] < BS)
+        R = tl.load(r, mask=kmask, other=0.0).to(tl.float32)  # (BLOCK_N, J, B, B): R[n, j, i, k]
+        y = tl.sum(R * xb[:, :, None, :], axis=3)
+        on = ((turned >> s) & 1) == 1  # this one of q, k, v turns; the others are copied
+        y = tl.where(on, y, xb)
+        tl.store(out + n * os_n + (j * BS + i) * os_d, y, mask=mask)
+        rest = NB * BS + tl.arange(0, BLOCK_R)[None, :]  # (1, BLOCK_R): unturned channels past the last block
+        n2 = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)[:, None]
+        rmask = (n2 < N) & (rest < D)
+        tl.store(out + n2 * os_n + rest * os_d, tl.load(x + n2 * xs_n + rest * xs_d, mask=rmask), mask=rmask)
 
 
 def _turn_pairs_torch(x: Tensor, cos: Tensor, sin: Tensor, turned: int, interleaved: bool, inverse: bool) -> Tensor:
@@ -176,19 +212,91 @@ def _table_grads(x: Tensor, grad: Tensor, turned: int, interleaved: bool, invers
 turn_pairs.register_autograd(_backward, setup_context=_setup)
 
 
-def turn_qkv(qkv: Tensor, heads: int, cos: Tensor, sin: Tensor, targets: str, layout: str) -> tuple[Tensor, ...]:
+def _turn_blocks_torch(x: Tensor, blocks: Tensor, turned: int, transpose: bool) -> Tensor:
+    """The block kernel's arithmetic in PyTorch ops (float32 at least), for a device without the kernel."""
+    dtype = torch.promote_types(x.dtype, torch.float32)
+    R = (blocks.mT if transpose else blocks).to(dtype)  # (B, heads, N, blocks, b, b)
+    count, size = R.shape[-3], R.shape[-1]
+    out = []
+    for s, xs in enumerate(x.unbind(0)):
+        xs = xs.to(dtype)
+        if (turned >> s) & 1:
+            turned_part = (R @ xs[..., : count * size].unflatten(-1, (count, size)).unsqueeze(-1)).flatten(-3)
+            xs = torch.cat((turned_part, xs[..., count * size :]), dim=-1)
+        out.append(xs)
+    return torch.stack(out).to(x.dtype)
+
+
+@torch.library.triton_op("vit_rope::turn_blocks", mutates_args=())
+def turn_blocks(x: Tensor, blocks: Tensor, turned: int, transpose: bool) -> Tensor:
+    """``x (S, B, heads, N, dim)`` with the ``S`` slices whose bit is set in ``turned`` turned block by block by
+    ``blocks (B, heads, N, count, b, b)`` (``transpose``: by their transposes, the turn back), channels past the last
+    block and the other slices copied; in x's layout where x is dense, else contiguous."""
+    out = torch.empty_like(x)
+    if not _launches_kernel(x):
+        return out.copy_(_turn_blocks_torch(x, blocks, turned, transpose))
+    S, B, H, N, D = x.shape
+    count, size = blocks.shape[-3], blocks.shape[-1]
+    block_j, block_b = triton.next_power_of_2(count), triton.next_power_of_2(size)
+    block_n = max(1, min(32, 4096 // (block_j * block_b * block_b)))
+    rs = list(blocks.stride())
+    if transpose:
+        rs[-1], rs[-2] = rs[-2], rs[-1]
+
+    def grid(meta):
+        return (triton.cdiv(N, meta["BLOCK_N"]), H, S * B)
+
+    kernel = torch.library.wrap_triton(_turn_blocks_kernel) if x.device.type == "cuda" else _turn_blocks_kernel
+    kernel[grid](
+        x, blocks, out, B, N, count, size, D, turned, *x.stride(), *rs, *out.stride(),
+        BLOCK_N=block_n, BLOCK_J=block_j, BLOCK_B=block_b, BLOCK_R=max(1, triton.next_power_of_2(D - count * size)),
+    )  # fmt: skip
+    return out
+
+
+def _setup_blocks(ctx, inputs, output) -> None:
+    x, blocks, turned, transpose = inputs
+    ctx.args = (turned, transpose)
+    ctx.save_for_backward(blocks, x if blocks.requires_grad else None)
+
+
+def _backward_blocks(ctx, grad: Tensor):
+    blocks, x = ctx.saved_tensors
+    turned, transpose = ctx.args
+    grad_x = turn_blocks(grad, blocks, turned, not transpose)  # Rᵀ g: the turn back, in x's layout
+    grad_blocks = None
+    if x is not None:  # ∂R_jik = Σ g_ji x_jk over the turned slices (its transpose for a turn by Rᵀ)
+        count, size = blocks.shape[-3], blocks.shape[-1]
+        on = [s for s in range(x.shape[0]) if (turned >> s) & 1]
+        xs = x[on, ..., : count * size].float().unflatten(-1, (count, size))
+        gs = grad[on, ..., : count * size].float().unflatten(-1, (count, size))
+        grad_blocks = (gs.unsqueeze(-1) * xs.unsqueeze(-2)).sum(0)
+        grad_blocks = grad_blocks.mT if transpose else grad_blocks
+    return grad_x, grad_blocks, None, None
+
+
+turn_blocks.register_autograd(_backward_blocks, setup_context=_setup_blocks)
+
+
+def turn_qkv(qkv: Tensor, heads: int, targets: str, *, cos=None, sin=None, layout="interleaved", blocks=None):
     """A qkv projection ``(B, N, 3 · heads · dim)`` → q, k, v ``(B, heads, N, dim)`` each, those named in ``targets``
-    (letters of "qkv") turned by the table ``cos, sin ([B,] [heads | 1,] N, dim // 2)``; in the projection's layout,
-    as attention gets them without a rotation (a new tensor, so the projection's gradient is written in one pass)."""
+    (letters of "qkv") turned by a table's pairs ``cos, sin ([B,] [heads | 1,] N, dim // 2)`` or its ``blocks ([B,]
+    [heads | 1,] N, count, b, b)``; in the projection's layout, as attention gets them without a rotation (a new
+    tensor, so the projection's gradient is written in one pass)."""
     B, N, _ = qkv.shape
     x = qkv.view(B, N, 3, heads, -1).permute(2, 0, 3, 1, 4)  # (3, B, heads, N, dim): a view of qkv's layout
     turned = sum(1 << i for i, c in enumerate("qkv") if c in targets)
-    shape = (B, heads, N, x.shape[-1] // 2)
-    out = turn_pairs(x, cos.expand(shape), sin.expand(shape), turned, layout == "interleaved", False)
-    return out.unbind(0)
+    return _turn(x, turned, False, cos, sin, layout, blocks).unbind(0)
 
 
-def turn_back(x: Tensor, cos: Tensor, sin: Tensor, layout: str) -> Tensor:
+def turn_back(x: Tensor, *, cos=None, sin=None, layout="interleaved", blocks=None) -> Tensor:
     """Attention's output ``(B, heads, N, dim)`` turned back by each token's rotation (VO-RoPE's output)."""
-    shape = (*x.shape[:-1], x.shape[-1] // 2)
-    return turn_pairs(x.unsqueeze(0), cos.expand(shape), sin.expand(shape), 1, layout == "interleaved", True)[0]
+    return _turn(x.unsqueeze(0), 1, True, cos, sin, layout, blocks)[0]
+
+
+def _turn(x: Tensor, turned: int, inverse: bool, cos, sin, layout: str, blocks) -> Tensor:
+    B, H, N, D = x.shape[1:]
+    if blocks is None:
+        shape = (B, H, N, D // 2)
+        return turn_pairs(x, cos.expand(shape), sin.expand(shape), turned, layout == "interleaved", inverse)
+    return turn_blocks(x, blocks.expand(B, H, N, *blocks.shape[-3:]), turned, inverse)

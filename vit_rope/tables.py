@@ -268,11 +268,12 @@ class RotaryTable(Table):
             )
         folded = self.basis is not None and targets == "qk"
         projected = F.linear(x, *fold_basis(qkv.weight, qkv.bias, self.fold, heads)) if folded else qkv(x)
-        if self.blocks is None and (self.basis is None or folded) and fused(projected):
-            # one kernel splits q, k, v off the projection and turns them (kernels.py); SDPA gets them contiguous
-            q, k, v = turn_qkv(projected, heads, self.cos, self.sin, targets.replace("o", ""), self.layout)
+        if (self.basis is None or folded) and fused(projected):
+            # one kernel splits q, k, v off the projection and turns them (kernels.py), in the projection's layout
+            turn = dict(cos=self.cos, sin=self.sin, layout=self.layout, blocks=self.blocks)
+            q, k, v = turn_qkv(projected, heads, targets.replace("o", ""), **turn)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=self.keys, dropout_p=dropout)
-            return turn_back(out, self.cos, self.sin, self.layout) if "o" in targets else out
+            return turn_back(out, **turn) if "o" in targets else out
         q, k, v = split_heads(projected, heads)
         q = self.rotate(q, in_basis=not folded) if "q" in targets else q
         k = self.rotate(k, in_basis=not folded) if "k" in targets else k
