@@ -1,6 +1,7 @@
-"""The fused rotation (vit_rope/kernels.py): its Triton kernels (pairs, blocks), run on CPU under Triton's interpreter (conftest.py
-switches it on; bf16 is loaded, cast to float32 and computed as on a GPU), against explicit 2×2 rotation matrices in
-float64, forward and backward, for every shape of pair table; and the models through it against the PyTorch path."""
+"""The fused rotation (vit_rope/kernels.py): its Triton kernels (pairs, blocks), run on CPU under Triton's
+interpreter (conftest.py switches it on; bf16 is loaded, cast to float32 and computed as on a GPU), against explicit
+rotation matrices in float64, forward and backward, for every shape of table; and the models through them against
+the PyTorch path."""
 
 import pytest
 import timm
