@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from vit_rope import PositionEncoding, RotaryEmbedding
-from vit_rope.tables import rotate_pairs
+from vit_rope.tables import rotate_pairs, split_heads
 
 F64 = torch.float64
 DIM, HEADS, M = 8, 2, 3  # PaPE's tests: head dim, heads, parabolas
@@ -287,19 +287,45 @@ def test_pape_holds_no_n_by_n_tensor_at_a_large_grid(monkeypatch):
     assert seen["q"].shape == seen["k"].shape == (1, heads, N, 72)  # 64 + 7 columns, padded to a multiple of 8
 
 
-def test_pape_bias_keeps_float32_precision_under_bfloat16_autocast():
-    """A 14×14 grid with the init's parabolas: attention on bfloat16 q, k, v under autocast is the float64 one of the
-    same (rounded) inputs up to bfloat16's rounding of the output; with the extended q and k rounded to bfloat16, as
-    SDPA under autocast would take them, the bias's cancelling terms move the output far more."""
+def test_pape_attention_under_bfloat16_autocast_is_flash_ready_and_keeps_the_bias(monkeypatch):
+    """A 14×14 grid with the init's parabolas: under autocast SDPA gets q, k and v in bfloat16, 88 channels wide (64 +
+    3 × 7 columns, padded to a multiple of 8), and its output is the float64 attention of the same (rounded) inputs up
+    to bfloat16's rounding of the output; with the columns rounded to bfloat16 once (the authors' way), the bias's
+    cancelling terms move the output far more."""
     torch.manual_seed(0)
     enc, grid, N = PositionEncoding(64, 2, "pape", num_heads=2, num_prefix_tokens=1), (14, 14), 197
     qkv = torch.randn(1, N, 3 * 2 * 64).bfloat16()
     expected = attend(qkv.double(), enc.table(grid, dtype=F64), 2, "qk", 0.0)
+    seen, sdpa = {}, F.scaled_dot_product_attention
+    monkeypatch.setattr(
+        F, "scaled_dot_product_attention", lambda q, k, v, **kw: seen.update(q=q, k=k, v=v) or sdpa(q, k, v, **kw)
+    )
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = attend(qkv, enc.table(grid, dtype=torch.bfloat16), 2, "qk", 0.0)
+        out = attend(qkv, enc.table(grid), 2, "qk", 0.0)
     assert out.dtype == torch.bfloat16
+    assert all(seen[n].dtype == torch.bfloat16 and seen[n].shape[-1] == 88 for n in "qkv")
     torch.testing.assert_close(out.double(), expected, rtol=0, atol=0.02)
     q, k, v = qkv.view(1, N, 3, 2, 64).permute(2, 0, 3, 1, 4)
-    q16, k16 = (t.bfloat16().double() for t in enc.table(grid).extend(q, k))
-    rounded = F.scaled_dot_product_attention(q16, k16, v.double(), scale=64**-0.5)
+    q16, k16 = (t.bfloat16().double() for t in enc.table(grid).extend(q.float(), k.float()))
+    rounded = sdpa(q16, k16, v.double(), scale=64**-0.5)
     assert (rounded - expected).abs().max() > 0.1
+
+
+@pytest.mark.parametrize("grid, split_bound, rounded_above", [((14, 14), 0.005, 0.1), ((64, 64), 0.1, 5.0)])
+def test_pape_logits_in_bfloat16_stay_within_a_bound_at_large_grids(grid, split_bound, rounded_above):
+    """The precision bfloat16 costs: the largest error of a logit ``q'·k'/√d`` against float64, the init's
+    parabolas, centred coordinates. Columns as a 16-bit value and remainder stay within the bound (14×14: about
+    1e-3; 64×64: about 3e-2, against float32's 2e-3); rounded once, they are off by more than ``rounded_above``."""
+    torch.manual_seed(0)
+    N = 1 + grid[0] * grid[1]
+    enc = PositionEncoding(64, 2, "pape", num_heads=2, num_prefix_tokens=1)
+    q, k, _ = split_heads(torch.randn(1, N, 3 * 2 * 64).bfloat16(), 2)
+    q64, k64 = enc.table(grid, dtype=F64).extend(q.double(), k.double())
+    exact = q64 @ k64.mT / 8
+    table = enc.table(grid)
+
+    def error(q_ext, k_ext):
+        return ((q_ext.float() @ k_ext.float().mT).double() / 8 - exact).abs().max()
+
+    assert error(*table.extend(q, k)) < split_bound
+    assert error(*(t.bfloat16() for t in table.extend(q.float(), k.float()))) > rounded_above

@@ -475,28 +475,41 @@ class ParabolicBias(Table):
         return replace(super().gather(rows), coords=coords)
 
     def attend(self, x: Tensor, qkv: nn.Linear, heads: int, targets: str, dropout: float) -> Tensor:
-        """One SDPA call over q and k with the bias's columns appended, its ``scale`` the head dim's 1/√d. v is padded
-        with zero columns to q's width, since fused CPU attention takes one head dim for q, k and v (docs/speed.md)."""
+        """One SDPA call over q and k with the bias's columns appended, its ``scale`` the head dim's 1/√d, in q's
+        dtype (bfloat16 under autocast: the flash kernels take it). v is padded with zero columns to q's width, since
+        fused attention takes one head dim for q, k and v (docs/speed.md)."""
         q, k, v = split_heads(qkv(x), heads)
         dim, dtype = q.shape[-1], v.dtype
-        q, k = self.extend(q, k)  # float32 at least (16-bit columns would round the bias away at large offsets)
+        q, k = self.extend(q, k)
         v = F.pad(v.to(q.dtype), [0, q.shape[-1] - dim])
-        with outside_autocast(q.device.type):  # autocast would round q and k to 16 bits again
+        with outside_autocast(q.device.type):  # q, k, v already in the dtype extend chose
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=self.keys, dropout_p=dropout, scale=dim**-0.5)
         return out[..., :dim].to(dtype)
 
     def extend(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         """``q, k (B, heads, N, d)`` with the bias's columns appended (zeros up to a multiple of 8 channels, which
-        fused attention kernels prefer), so that ``q' · k' = q · k + √d · bias``; in float32 at least: the bias is a
-        difference of terms that grow as ``‖p‖²``, and rounding them to 16 bits would move the logits by ~2⁻⁹ of those
-        (0.5 at 14×14 under bfloat16 with the init's parabolas, 16 at 64×64), so attention takes them in float32."""
+        fused attention kernels need), so that ``q' · k' = q · k + √d · bias``.
+
+        The columns are computed in the table's precision (float32 at least): the bias is a difference of terms that
+        grow as ``‖p‖²``. A 16-bit q (autocast) keeps its dtype, so attention takes its flash kernels, and each
+        column goes in as a 16-bit value and its 16-bit remainder, ``c = c_hi + c_lo``: the query's ``(hi, hi, lo)``
+        against the key's ``(hi, lo, hi)``, whose products attention sums in float32, leave out only ``lo · lo``,
+        about 2⁻¹⁶ of each term rather than the 2⁻⁸ that one 16-bit rounding of the columns costs (the authors' way:
+        tests/test_tables.py measures both at 14×14 and 64×64). Otherwise q, k and the columns are float32 at least.
+        """
         with outside_autocast(q.device.type):  # the expansion cancels large terms: the table's precision
             query, key = self._columns(q)
         key = key.expand(k.shape[0], k.shape[1], k.shape[2], key.shape[-1])
+        half = q.dtype in (torch.bfloat16, torch.float16)
+        dtype = q.dtype if half else torch.promote_types(q.dtype, torch.float32)
+        if half:
+            query_hi, key_hi = query.to(dtype), key.to(dtype)
+            query_lo, key_lo = (query - query_hi.to(query.dtype)).to(dtype), (key - key_hi.to(key.dtype)).to(dtype)
+            query = torch.cat((query_hi, query_hi, query_lo), dim=-1)
+            key = torch.cat((key_hi, key_lo, key_hi), dim=-1)
         pad = -(q.shape[-1] + query.shape[-1]) % 8
         if pad > 0:
             query, key = F.pad(query, [0, pad]), F.pad(key, [0, pad])
-        dtype = torch.promote_types(q.dtype, torch.float32)
         return torch.cat((q.to(dtype), query.to(dtype)), dim=-1), torch.cat((k.to(dtype), key.to(dtype)), dim=-1)
 
     def _columns(self, q: Tensor) -> tuple[Tensor, Tensor]:

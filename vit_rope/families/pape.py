@@ -31,10 +31,11 @@ Where this differs from the released code:
   the grid's corner, where its bias grows with the distance from there.
 
 Precision: the expanded terms grow as ``‖p‖²`` while the bias is their difference, so positions are centred (the bias
-is unchanged) and attention over the extended q and k runs in float32 at least, under autocast too: rounded to
-bfloat16 the columns would move the logits by up to 0.5 at 14×14 and 16 at 64×64 with the init's parabolas (float32:
-4e-5 and 9e-4). Under bfloat16 this attention is therefore a float32 one (the memory-efficient kernels take float32;
-flash attention does not), its output rounded back. Scaling modes: ``none``, ``pi``, ``normalized``, the coordinate
+is unchanged) and the columns are computed in float32 at least. Under autocast attention takes bfloat16 q, k and v
+(the flash kernels), each column as a bfloat16 value and its bfloat16 remainder (three times the columns, 88 channels
+for a 64-wide head): rounded to bfloat16 once, as the released code does, the columns move the logits by up to 0.5
+at 14×14 and 19 at 64×64 with the init's parabolas; split, by about 1e-3 and 3e-2 (float32: 6e-5 and 2e-3;
+tests/test_tables.py holds the bounds). Scaling modes: ``none``, ``pi``, ``normalized``, the coordinate
 modes (``"pi"``, ``"normalized"``, ``coords="normalized"`` shorten offsets); it has no frequencies for NTK or YaRN.
 """
 
