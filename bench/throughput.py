@@ -114,7 +114,8 @@ class Setup:
         run_model = torch.compile(model) if self.compile else model
 
         def run():
-            with torch.inference_mode(), self.autocast():
+            model.eval()  # each call in its own mode: the train step's fn shares the model (and a compiled graph
+            with torch.inference_mode(), self.autocast():  # guards on the mode, so a wrong one recompiles)
                 run_model(x)
 
         return run
@@ -127,6 +128,7 @@ class Setup:
         y = torch.zeros(images.shape[0], dtype=torch.long, device=images.device)
 
         def run():
+            model.train()
             with self.autocast():
                 loss = torch.nn.functional.cross_entropy(run_model(x), y)
             opt.zero_grad(set_to_none=True)
