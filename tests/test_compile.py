@@ -133,9 +133,10 @@ def test_compiled_and_eager_logits_agree_for_every_family():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("pos_embed", ["rope", "rope_mixed", "string"])
-def test_the_fused_rotation_op_compiles_once(monkeypatch, pos_embed):
-    """Through the fused op (vit_rope::turn_pairs, as CUDA tensors take it): Dynamo and AOT autograd trace the op
-    and its backward (on CPU its PyTorch path: the interpreter's kernel cannot be traced)."""
+@pytest.mark.parametrize("pos_embed", ["rope", "rope_mixed", "string", "liere", "pape"])
+def test_the_fused_ops_compile_once(monkeypatch, pos_embed):
+    """Through the fused ops (vit_rope::turn_pairs, turn_blocks, pape_qkv, as CUDA tensors take them): Dynamo and
+    AOT autograd trace each op and its backward (on CPU its PyTorch path: the interpreter's kernel cannot be
+    traced)."""
     monkeypatch.setattr(kernels, "FUSED", "triton")
     compiles_once(small(pos_embed), [torch.randn(2, 3, 16, 16)], autocast=(True,))

@@ -183,7 +183,52 @@ def test_block_gradients_reach_the_input_and_the_blocks(kernel, table, transpose
     torch.testing.assert_close(R.grad.double(), R64.grad, rtol=1e-5, atol=1e-5)
 
 
-PAIR_MODELS = [  # every rotary family (pairs, a basis folded into q and k, blocks), and the rotary variants
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("axes, prefix, per_sample", [(2, 1, False), (2, 0, True), (3, 2, False)])
+def test_the_pape_kernel_is_its_pytorch_path(kernel, monkeypatch, dtype, axes, prefix, per_sample):
+    """q', k', v' of the kernel against the op's PyTorch path (pape_extend, whose math tests/test_tables.py holds
+    against a double loop), forward and backward: columns within float32's rounding (bf16: within one unit of the
+    value, the remainder carrying the rest), and the gradients of every input."""
+    g = torch.Generator().manual_seed(6)
+    M, d = 5, 16
+    qkv = torch.randn(B, N, 3 * H * d, generator=g).to(dtype).requires_grad_()
+    coords = torch.randn((B if per_sample else 1), N, axes, generator=g).mul(4).expand(B, N, axes)
+    curvature, gain = torch.randn(H, d, M, generator=g), torch.randn(H, d, axes, generator=g)
+    W = torch.randn(H, M, axes, generator=g)
+    outer = (W.unsqueeze(-1) * W.unsqueeze(-2)).flatten(-2)
+    params = [t.requires_grad_() for t in (curvature, gain, outer)]
+    weights = torch.randn(3, B, H, N, kernels.pape_width(d, axes, dtype), generator=g)
+
+    def run():
+        x = qkv.view(B, N, 3, H, d).permute(2, 0, 3, 1, 4)
+        out = kernels.pape_qkv(x, coords, *params, prefix)
+        grads = torch.autograd.grad((out.float() * weights).sum(), [qkv, *params])
+        return out, grads
+
+    fused, fused_grads = run()
+    monkeypatch.setattr(kernels, "FUSED", "torch")
+    plain, plain_grads = run()
+    assert fused.dtype == plain.dtype == dtype and fused.shape == plain.shape
+    if dtype == torch.float32:
+        torch.testing.assert_close(fused, plain, rtol=1e-5, atol=1e-5)
+    else:  # q, k, v within one unit; each column as value + remainder (q: hi, hi, lo; k: hi, lo, hi) to ~2⁻¹⁶
+        E = axes * axes + axes + 1
+        torch.testing.assert_close(fused[..., :d].float(), plain[..., :d].float(), rtol=2**-7, atol=0)
+        torch.testing.assert_close(fused[..., d + 3 * E :], plain[..., d + 3 * E :], rtol=0, atol=0)  # zeros
+        for t, (hi, lo) in ((0, (0, 2)), (1, (0, 1))):
+
+            def whole(out, t=t, hi=hi, lo=lo):
+                return (
+                    out[t, ..., d + hi * E : d + (hi + 1) * E].double()
+                    + out[t, ..., d + lo * E : d + (lo + 1) * E].double()
+                )
+
+            torch.testing.assert_close(whole(fused), whole(plain), rtol=2**-14, atol=2**-14)
+    for a, b in zip(fused_grads, plain_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)  # the same backward: the PyTorch path's at these inputs
+
+
+PAIR_MODELS = [  # every rotary family (pairs, a basis folded into q and k, blocks), the rotary variants, and PaPE
     dict(pos_embed=name) for name, f in FAMILIES.items() if f.rotary and f.min_axes <= 2 <= (f.max_axes or 2)
 ] + [
     dict(pos_embed="rope", rope_targets="vo"),
@@ -193,6 +238,8 @@ PAIR_MODELS = [  # every rotary family (pairs, a basis folded into q and k, bloc
     dict(pos_embed="rope", patch_drop_rate=0.5),
     dict(pos_embed="liere", rope_targets="vo", rope_options=dict(block_size=5, per_head=True, per_layer=True)),
     dict(pos_embed="liere", patch_drop_rate=0.5),
+    dict(pos_embed="pape"),
+    dict(pos_embed="pape", patch_drop_rate=0.5, reg_tokens=2),
 ]
 
 

@@ -25,6 +25,7 @@ head, pairs in registers), which take neither per-head tables nor gradients for 
 from __future__ import annotations
 
 import os
+from contextlib import nullcontext
 
 import torch
 from torch import Tensor
@@ -35,7 +36,31 @@ try:
 except ImportError:  # a torch without Triton (macOS, some CPU builds): the PyTorch path alone
     triton = None
 
-__all__ = ["FUSED", "fused", "turn_back", "turn_blocks", "turn_pairs", "turn_qkv"]
+__all__ = [
+    "FUSED",
+    "fused",
+    "outside_autocast",
+    "pape_columns",
+    "pape_extend",
+    "pape_qkv",
+    "turn_back",
+    "turn_blocks",
+    "turn_pairs",
+    "turn_qkv",
+]
+
+# the device types that have autocast, asked once at import: torch.compile traces a set lookup, but before torch 2.12
+# it cannot trace torch.amp.is_autocast_available, and the graph break it leaves recompiles on every call
+_AUTOCAST_DEVICES = frozenset(
+    d for d in ("cpu", "cuda", "xpu", "mps", "hpu", "mtia", "xla", "maia") if torch.amp.is_autocast_available(d)
+)
+
+
+def outside_autocast(device_type: str):
+    """A context where ops keep their inputs' precision, under autocast too (a device without autocast, such as meta,
+    needs none)."""
+    return torch.autocast(device_type, enabled=False) if device_type in _AUTOCAST_DEVICES else nullcontext()
+
 
 FUSED = os.environ.get("VIT_ROPE_FUSED", "auto")
 if FUSED not in ("auto", "triton", "torch"):
@@ -300,3 +325,198 @@ def _turn(x: Tensor, turned: int, inverse: bool, cos, sin, layout: str, blocks) 
         shape = (B, H, N, D // 2)
         return turn_pairs(x, cos.expand(shape), sin.expand(shape), turned, layout == "interleaved", inverse)
     return turn_blocks(x, blocks.expand(B, H, N, *blocks.shape[-3:]), turned, inverse)
+
+
+# --------------------------------------------------------------------------------------------------------- PaPE
+def pape_columns(
+    q: Tensor, coords: Tensor, curvature: Tensor, gain: Tensor, outer: Tensor, num_prefix: int
+) -> tuple[Tensor, Tensor]:
+    """PaPE's columns (:class:`~vit_rope.tables.ParabolicBias`): the queries' ``(B, heads, N, E)`` and the keys' ``([B,]
+    1, N, E)``, ``E = axes² + axes + 1``, in the coordinates' dtype, from ``q (B, heads, N, d)``, ``coords ([B,] N,
+    axes)``, the curvatures' map ``(heads, d, M)``, the slopes' ``gain = slope W (heads, d, axes)`` and ``outer =
+    vec(w_m w_mᵀ) (heads, M, axes²)``; prefix tokens (the first ``num_prefix``) get zero columns."""
+    dtype, axes = coords.dtype, coords.shape[-1]
+    p = coords.unsqueeze(-3)  # ([B,] 1, N, axes)
+    x = q.to(dtype)
+    a = torch.nn.functional.softplus(x @ curvature)  # (B, heads, N, M): curvatures, positive (decay with distance)
+    A = (a @ outer).unflatten(-1, (axes, axes))  # (B, heads, N, axes, axes): A_i = Σ_m a_im w_m w_mᵀ
+    beta = x @ gain  # (B, heads, N, axes): β_i = Σ_m b_im w_m with b_i = slopeᵀ q_i
+    Ap = (A * p.unsqueeze(-2)).sum(dim=-1)  # (B, heads, N, axes): A_i p_i
+    linear = 2 * Ap + beta  # 2 A_i p_i + β_i
+    constant = -((Ap + beta) * p).sum(dim=-1, keepdim=True)  # -p_iᵀ A_i p_i - β_i · p_i
+    patch = (torch.arange(p.shape[-2], device=p.device) >= num_prefix).to(dtype).unsqueeze(-1)
+    query = torch.cat((-A.flatten(-2), linear, constant), dim=-1) * patch  # SDPA's 1/√d divides them as q·k
+    squares = (p.unsqueeze(-1) * p.unsqueeze(-2)).flatten(-2)  # vec(p_j p_jᵀ)
+    key = torch.cat((squares, p, torch.ones_like(p[..., :1])), dim=-1) * patch
+    return query, key
+
+
+def pape_width(dim: int, axes: int, dtype: torch.dtype) -> int:
+    """Channels of PaPE's extended q, k and v: the head dim, the columns (three times over for a 16-bit dtype: value,
+    value, remainder against value, remainder, value), zeros up to a multiple of 8 (fused attention needs it)."""
+    columns = axes * axes + axes + 1
+    used = dim + (3 * columns if dtype in (torch.bfloat16, torch.float16) else columns)
+    return used + (-used % 8)
+
+
+def pape_extend(
+    q: Tensor, k: Tensor, coords: Tensor, curvature: Tensor, gain: Tensor, outer: Tensor, num_prefix: int
+) -> tuple[Tensor, Tensor]:
+    """``q, k (B, heads, N, d)`` with PaPE's columns appended (:func:`pape_columns`) and zeros up to
+    :func:`pape_width`, so that ``q' · k' = q · k + √d · bias``. The columns are computed in the coordinates'
+    precision (float32 at least: the bias is a difference of terms that grow as ``‖p‖²``). A 16-bit q (autocast)
+    keeps its dtype, so attention takes its flash kernels, and each column goes in as a 16-bit value and its 16-bit
+    remainder, ``c = c_hi + c_lo``: the query's ``(hi, hi, lo)`` against the key's ``(hi, lo, hi)``, whose products
+    attention sums in float32, leave out only ``lo · lo``, about 2⁻¹⁶ of each term rather than the 2⁻⁸ that one 16-bit
+    rounding of the columns costs (the released code's way; tests/test_tables.py measures both). Otherwise q, k and
+    the columns are float32 at least."""
+    with outside_autocast(q.device.type):  # the expansion cancels large terms: the coordinates' precision
+        query, key = pape_columns(q, coords, curvature, gain, outer, num_prefix)
+    key = key.expand(*k.shape[:-1], key.shape[-1])
+    half = q.dtype in (torch.bfloat16, torch.float16)
+    dtype = q.dtype if half else torch.promote_types(q.dtype, torch.float32)
+    if half:
+        query_hi, key_hi = query.to(dtype), key.to(dtype)
+        query_lo, key_lo = (query - query_hi.to(query.dtype)).to(dtype), (key - key_hi.to(key.dtype)).to(dtype)
+        query = torch.cat((query_hi, query_hi, query_lo), dim=-1)
+        key = torch.cat((key_hi, key_lo, key_hi), dim=-1)
+    pad = [0, pape_width(q.shape[-1], coords.shape[-1], dtype) - q.shape[-1] - query.shape[-1]]
+    q = torch.nn.functional.pad(torch.cat((q.to(dtype), query.to(dtype)), dim=-1), pad)
+    return q, torch.nn.functional.pad(torch.cat((k.to(dtype), key.to(dtype)), dim=-1), pad)
+
+
+def _pape_torch(x: Tensor, coords: Tensor, curvature: Tensor, gain: Tensor, outer: Tensor, num_prefix: int) -> Tensor:
+    """The PaPE kernel's result in PyTorch ops (its backward too): ``(3, B, heads, N, width)``."""
+    q, k, v = x.unbind(0)
+    q, k = pape_extend(q, k, coords, curvature, gain, outer, num_prefix)
+    return torch.stack((q, k, torch.nn.functional.pad(v.to(q.dtype), [0, q.shape[-1] - v.shape[-1]])))
+
+
+if triton is not None:
+
+    @triton.jit
+    def _pape_kernel(
+        x_ptr, c_ptr, curv_ptr, gain_ptr, outer_ptr, out_ptr,
+        B, N, D, M, E, USED, W, PREFIX,
+        xs_s, xs_b, xs_h, xs_n, xs_d,
+        cs_b, cs_n, cs_a,
+        vs_h, vs_d, vs_m,
+        gs_h, gs_d, gs_a,
+        us_h, us_m, us_j,
+        os_s, os_b, os_h, os_n,
+        AX: tl.constexpr, HALF: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_W: tl.constexpr,
+    ):  # fmt: skip
+        # one program: BLOCK_N tokens of one head of one sample; q, k, v in, q', k', v' out (pape_columns' math)
+        pid_n, h, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)[:, None]  # (BLOCK_N, 1)
+        d = tl.arange(0, BLOCK_D)[None, :]
+        dd = tl.arange(0, BLOCK_D)[:, None]
+        m = tl.arange(0, BLOCK_M)
+        j = tl.arange(0, BLOCK_J)[None, :]  # a column's index
+        nmask = n < N
+        dmask = nmask & (d < D)
+        x = x_ptr + b * xs_b + h * xs_h + n * xs_n + d * xs_d
+        q = tl.load(x, mask=dmask, other=0.0).to(tl.float32)
+        k = tl.load(x + xs_s, mask=dmask, other=0.0).to(tl.float32)
+        v = tl.load(x + 2 * xs_s, mask=dmask, other=0.0).to(tl.float32)
+        curv = tl.load(curv_ptr + h * vs_h + dd * vs_d + m[None, :] * vs_m, mask=(dd < D) & (m[None, :] < M), other=0.0)
+        a = tl.dot(q, curv.to(tl.float32), input_precision="ieee")  # (BLOCK_N, BLOCK_M)
+        a = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(tl.minimum(a, 20.0))))  # softplus (torch's threshold 20)
+        a = tl.where(m[None, :] < M, a, 0.0)
+        outer = tl.load(outer_ptr + h * us_h + m[:, None] * us_m + j * us_j, mask=(m[:, None] < M) & (j < AX * AX),
+                        other=0.0)  # fmt: skip
+        A = tl.dot(a, outer.to(tl.float32), input_precision="ieee")  # (BLOCK_N, BLOCK_J): A[:, r·axes + c]
+        gain = tl.load(gain_ptr + h * gs_h + dd * gs_d + j * gs_a, mask=(dd < D) & (j < AX), other=0.0)
+        beta = tl.dot(q, gain.to(tl.float32), input_precision="ieee")  # (BLOCK_N, BLOCK_J): β[:, c]
+        p = tl.load(c_ptr + b * cs_b + n * cs_n + j * cs_a, mask=nmask & (j < AX), other=0.0).to(tl.float32)
+        query = tl.where(j < AX * AX, -A, 0.0)
+        key = tl.zeros((BLOCK_N, BLOCK_J), dtype=tl.float32)
+        constant = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        for r in tl.static_range(AX):
+            p_r = tl.sum(tl.where(j == r, p, 0.0), axis=1)
+            beta_r = tl.sum(tl.where(j == r, beta, 0.0), axis=1)
+            Ap_r = tl.zeros((BLOCK_N,), dtype=tl.float32)
+            for c in tl.static_range(AX):
+                p_c = tl.sum(tl.where(j == c, p, 0.0), axis=1)
+                Ap_r += tl.sum(tl.where(j == r * AX + c, A, 0.0), axis=1) * p_c
+                key += tl.where(j == r * AX + c, (p_r * p_c)[:, None], 0.0)
+            query += tl.where(j == AX * AX + r, (2.0 * Ap_r + beta_r)[:, None], 0.0)
+            key += tl.where(j == AX * AX + r, p_r[:, None], 0.0)
+            constant += (Ap_r + beta_r) * p_r
+        query += tl.where(j == AX * AX + AX, -constant[:, None], 0.0)
+        key += tl.where(j == AX * AX + AX, 1.0, 0.0)
+        query = tl.where(n >= PREFIX, query, 0.0)
+        key = tl.where(n >= PREFIX, key, 0.0)
+        out = out_ptr + b * os_b + h * os_h + n * os_n
+        tl.store(out + d, q, mask=dmask)
+        tl.store(out + os_s + d, k, mask=dmask)
+        tl.store(out + 2 * os_s + d, v, mask=dmask)
+        cmask = nmask & (j < E)
+        if HALF:
+            dtype = out_ptr.dtype.element_ty
+            query_hi, key_hi = query.to(dtype), key.to(dtype)
+            query_lo = (query - query_hi.to(tl.float32)).to(dtype)
+            key_lo = (key - key_hi.to(tl.float32)).to(dtype)
+            tl.store(out + D + j, query_hi, mask=cmask)
+            tl.store(out + D + E + j, query_hi, mask=cmask)
+            tl.store(out + D + 2 * E + j, query_lo, mask=cmask)
+            tl.store(out + os_s + D + j, key_hi, mask=cmask)
+            tl.store(out + os_s + D + E + j, key_lo, mask=cmask)
+            tl.store(out + os_s + D + 2 * E + j, key_hi, mask=cmask)
+        else:
+            tl.store(out + D + j, query, mask=cmask)
+            tl.store(out + os_s + D + j, key, mask=cmask)
+        w = tl.arange(0, BLOCK_W)[None, :]
+        zeros = tl.zeros((BLOCK_N, BLOCK_W), dtype=tl.float32)
+        tl.store(out + w, zeros, mask=nmask & (w >= USED) & (w < W))
+        tl.store(out + os_s + w, zeros, mask=nmask & (w >= USED) & (w < W))
+        tl.store(out + 2 * os_s + w, zeros, mask=nmask & (w >= D) & (w < W))
+
+
+@torch.library.triton_op("vit_rope::pape_qkv", mutates_args=())
+def pape_qkv(x: Tensor, coords: Tensor, curvature: Tensor, gain: Tensor, outer: Tensor, num_prefix: int) -> Tensor:
+    """``x (3, B, heads, N, d)``, q, k and v, → ``(3, B, heads, N, width)``: q and k extended by
+    :func:`pape_extend`, v padded with zeros to their width, in x's dtype (float32 at least); ``coords (B, N,
+    axes)``."""
+    S, B, H, N, D = x.shape
+    axes = coords.shape[-1]
+    width = pape_width(D, axes, x.dtype)
+    if not _launches_kernel(x):
+        return _pape_torch(x, coords, curvature, gain, outer, num_prefix)
+    out = torch.empty((S, B, H, N, width), dtype=x.dtype, device=x.device)
+    E = axes * axes + axes + 1
+    half = x.dtype in (torch.bfloat16, torch.float16)
+    M = curvature.shape[-1]
+
+    def grid(meta):
+        return (triton.cdiv(N, meta["BLOCK_N"]), H, B)
+
+    pow2 = triton.next_power_of_2
+    kernel = torch.library.wrap_triton(_pape_kernel) if x.device.type == "cuda" else _pape_kernel
+    kernel[grid](
+        x, coords, curvature, gain, outer, out, B, N, D, M, E, D + (3 * E if half else E), width, num_prefix,
+        *x.stride(), *coords.stride(), *curvature.stride(), *gain.stride(), *outer.stride(), *out.stride()[:-1],
+        AX=axes, HALF=half, BLOCK_N=16, BLOCK_D=max(16, pow2(D)), BLOCK_M=max(16, pow2(M)),
+        BLOCK_J=max(16, pow2(E)), BLOCK_W=pow2(width),
+    )  # fmt: skip
+    return out
+
+
+def _pape_setup(ctx, inputs, output) -> None:
+    x, coords, curvature, gain, outer, num_prefix = inputs
+    ctx.num_prefix = num_prefix
+    ctx.save_for_backward(x, coords, curvature, gain, outer)
+
+
+def _pape_backward(ctx, grad: Tensor):
+    """The gradient of the PyTorch path at the same inputs (the kernel computes what it computes)."""
+    x, coords, curvature, gain, outer = ctx.saved_tensors
+    leaves = [t.detach().requires_grad_() for t in (x, curvature, gain, outer)]
+    with torch.enable_grad():
+        out = _pape_torch(leaves[0], coords, *leaves[1:], ctx.num_prefix)
+    grads = torch.autograd.grad(out, leaves, grad)
+    return grads[0], None, grads[1], grads[2], grads[3], None
+
+
+pape_qkv.register_autograd(_pape_backward, setup_context=_pape_setup)

@@ -26,14 +26,13 @@ tables (token dropping) and per-layer ones always carry a head dim (1 when heads
 from __future__ import annotations
 
 import math
-from contextlib import nullcontext
 from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .kernels import fused, turn_back, turn_qkv
+from .kernels import fused, outside_autocast, pape_extend, pape_qkv, turn_back, turn_qkv
 
 __all__ = [
     "AttentionBias",
@@ -45,19 +44,6 @@ __all__ = [
     "rotate_pairs",
     "split_heads",
 ]
-
-
-# the device types that have autocast, asked once at import: torch.compile traces a set lookup, but before torch 2.12
-# it cannot trace torch.amp.is_autocast_available, and the graph break it leaves recompiles on every call
-_AUTOCAST_DEVICES = frozenset(
-    d for d in ("cpu", "cuda", "xpu", "mps", "hpu", "mtia", "xla", "maia") if torch.amp.is_autocast_available(d)
-)
-
-
-def outside_autocast(device_type: str):
-    """A context where ops keep their inputs' precision, under autocast too (a device without autocast, such as meta,
-    needs none)."""
-    return torch.autocast(device_type, enabled=False) if device_type in _AUTOCAST_DEVICES else nullcontext()
 
 
 def split_heads(qkv: Tensor, heads: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -479,6 +465,10 @@ class ParabolicBias(Table):
     curvature: Tensor
     slope: Tensor
     num_prefix: int = 0
+    # what the columns take of the parabolas, built with the table (once a forward, not once a block):
+    # gain = slope W ([layer,] heads, dim, axes), outer = vec(w_m w_mᵀ) ([layer,] heads, M, axes²)
+    gain: Tensor | None = None
+    outer: Tensor | None = None
 
     @classmethod
     def build(
@@ -486,10 +476,11 @@ class ParabolicBias(Table):
     ) -> ParabolicBias:
         """The parabolas of tokens at ``coords ([B,] N, axes)`` with ``build.prefix`` prefix tokens first (their
         coordinates are placeholders: their columns are zero), in ``build.dtype``."""
-        learned = (t.to(build.dtype) for t in (directions, curvature, slope))
+        W, curvature, slope = (t.to(build.dtype) for t in (directions, curvature, slope))
         coords = _prepend(coords, build.prefix, -2).to(build.dtype)
-        return cls(coords=coords, directions=next(learned), curvature=next(learned), slope=next(learned),
-                   num_prefix=build.prefix, per_layer=per_layer)  # fmt: skip
+        outer = (W.unsqueeze(-1) * W.unsqueeze(-2)).flatten(-2)
+        return cls(coords=coords, directions=W, curvature=curvature, slope=slope, num_prefix=build.prefix,
+                   per_layer=per_layer, gain=slope @ W, outer=outer)  # fmt: skip
 
     @property
     def num_tokens(self) -> int:
@@ -499,7 +490,8 @@ class ParabolicBias(Table):
         if not self.per_layer:
             return self
         W, curvature, slope = self.directions[index], self.curvature[index], self.slope[index]
-        return replace(self, directions=W, curvature=curvature, slope=slope, per_layer=False)
+        gain, outer = self.gain[index], self.outer[index]
+        return replace(self, directions=W, curvature=curvature, slope=slope, gain=gain, outer=outer, per_layer=False)
 
     def gather(self, rows: Tensor) -> ParabolicBias:
         rows, c = rows.to(self.coords.device), self.coords
@@ -510,56 +502,23 @@ class ParabolicBias(Table):
         """One SDPA call over q and k with the bias's columns appended, its ``scale`` the head dim's 1/√d, in q's
         dtype (bfloat16 under autocast: the flash kernels take it). v is padded with zero columns to q's width, since
         fused attention takes one head dim for q, k and v (docs/speed.md)."""
-        q, k, v = split_heads(qkv(x), heads)
-        dim, dtype = q.shape[-1], v.dtype
-        q, k = self.extend(q, k)
-        v = F.pad(v.to(q.dtype), [0, q.shape[-1] - dim])
+        projected = qkv(x)
+        if fused(projected):  # one kernel: q, k, v split off the projection, the columns appended (kernels.py)
+            B, N, _ = projected.shape
+            x5 = projected.view(B, N, 3, heads, -1).permute(2, 0, 3, 1, 4)  # (3, B, heads, N, dim)
+            coords = self.coords.expand(B, *self.coords.shape[-2:])
+            q, k, v = pape_qkv(x5, coords, self.curvature, self.gain, self.outer, self.num_prefix).unbind(0)
+            dim, dtype = x5.shape[-1], projected.dtype
+        else:
+            q, k, v = split_heads(projected, heads)
+            dim, dtype = q.shape[-1], v.dtype
+            q, k = self.extend(q, k)
+            v = F.pad(v.to(q.dtype), [0, q.shape[-1] - dim])
         with outside_autocast(q.device.type):  # q, k, v already in the dtype extend chose
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=self.keys, dropout_p=dropout, scale=dim**-0.5)
         return out[..., :dim].to(dtype)
 
     def extend(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
-        """``q, k (B, heads, N, d)`` with the bias's columns appended (zeros up to a multiple of 8 channels, which
-        fused attention kernels need), so that ``q' · k' = q · k + √d · bias``.
-
-        The columns are computed in the table's precision (float32 at least): the bias is a difference of terms that
-        grow as ``‖p‖²``. A 16-bit q (autocast) keeps its dtype, so attention takes its flash kernels, and each
-        column goes in as a 16-bit value and its 16-bit remainder, ``c = c_hi + c_lo``: the query's ``(hi, hi, lo)``
-        against the key's ``(hi, lo, hi)``, whose products attention sums in float32, leave out only ``lo · lo``,
-        about 2⁻¹⁶ of each term rather than the 2⁻⁸ that one 16-bit rounding of the columns costs (the authors' way:
-        tests/test_tables.py measures both at 14×14 and 64×64). Otherwise q, k and the columns are float32 at least.
-        """
-        with outside_autocast(q.device.type):  # the expansion cancels large terms: the table's precision
-            query, key = self._columns(q)
-        key = key.expand(k.shape[0], k.shape[1], k.shape[2], key.shape[-1])
-        half = q.dtype in (torch.bfloat16, torch.float16)
-        dtype = q.dtype if half else torch.promote_types(q.dtype, torch.float32)
-        if half:
-            query_hi, key_hi = query.to(dtype), key.to(dtype)
-            query_lo, key_lo = (query - query_hi.to(query.dtype)).to(dtype), (key - key_hi.to(key.dtype)).to(dtype)
-            query = torch.cat((query_hi, query_hi, query_lo), dim=-1)
-            key = torch.cat((key_hi, key_lo, key_hi), dim=-1)
-        pad = -(q.shape[-1] + query.shape[-1]) % 8
-        if pad > 0:
-            query, key = F.pad(query, [0, pad]), F.pad(key, [0, pad])
-        return torch.cat((q.to(dtype), query.to(dtype)), dim=-1), torch.cat((k.to(dtype), key.to(dtype)), dim=-1)
-
-    def _columns(self, q: Tensor) -> tuple[Tensor, Tensor]:
-        """The queries' columns ``(B, heads, N, E)`` and the keys' ``([B,] 1, N, E)``, ``E = axes² + axes + 1``."""
-        dtype = self.coords.dtype  # a float64 table computes in float64
-        W = self.directions  # (heads, M, axes)
-        p = self.coords.unsqueeze(-3)  # ([B,] 1, N, axes)
-        x = q.to(dtype)
-        a = F.softplus(x @ self.curvature)  # (B, heads, N, M): curvatures, positive (decay with distance)
-        outer = (W.unsqueeze(-1) * W.unsqueeze(-2)).flatten(-2)  # (heads, M, axes²): w_m w_mᵀ
-        A = (a @ outer).unflatten(-1, (W.shape[-1], -1))  # (B, heads, N, axes, axes): A_i = Σ_m a_im w_m w_mᵀ
-        # β_i = Σ_m b_im w_m with b_i = slopeᵀ q_i is (slope W)ᵀ q_i: the slopes themselves are never formed
-        beta = x @ (self.slope @ W)  # (B, heads, N, axes)
-        Ap = (A * p.unsqueeze(-2)).sum(dim=-1)  # (B, heads, N, axes): A_i p_i
-        linear = 2 * Ap + beta  # 2 A_i p_i + β_i
-        constant = -((Ap + beta) * p).sum(dim=-1, keepdim=True)  # -p_iᵀ A_i p_i - β_i · p_i
-        patch = (torch.arange(p.shape[-2], device=p.device) >= self.num_prefix).to(dtype).unsqueeze(-1)
-        query = torch.cat((-A.flatten(-2), linear, constant), dim=-1) * patch  # SDPA's 1/√d divides them as q·k
-        squares = (p.unsqueeze(-1) * p.unsqueeze(-2)).flatten(-2)  # vec(p_j p_jᵀ)
-        key = torch.cat((squares, p, torch.ones_like(p[..., :1])), dim=-1) * patch
-        return query, key
+        """``q, k (B, heads, N, d)`` with the bias's columns appended: ``q' · k' = q · k + √d · bias``
+        (:func:`~vit_rope.kernels.pape_extend`: its precision, its 16-bit split)."""
+        return pape_extend(q, k, self.coords, self.curvature, self.gain, self.outer, self.num_prefix)
