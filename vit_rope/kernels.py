@@ -1,25 +1,32 @@
-"""The fused rotation: q, k and v of a layer split from its qkv projection and turned by their table in one kernel.
+"""The fused attention inputs: q, k and v of a layer split from its qkv projection and encoded in one kernel.
 
-A Triton kernel registered as ``vit_rope::turn_pairs`` with :func:`torch.library.triton_op`, so that eager mode and
-``torch.compile`` run the same kernel (inductor sees into it). It reads its input through any strides (the qkv
-projection's output as ``(3, B, heads, N, dim)``, or attention's output), loads any float dtype, turns channel pairs in
-float32 and writes the input's dtype in the input's layout: q, k and v as attention takes them without a rotation.
-Its table is ``cos, sin (B, heads, N, dim // 2)`` through any strides, so one kernel serves every pair table: shared
-(strides 0), per head (RoPE-Mixed), per sample (NaFlex, token dropping), a layer's of a per-layer table, both
-layouts, YaRN's scaled entries and the inverse turn (VO-RoPE's output). Backward turns the gradient back with the
-same kernel, writing it in the input's own layout (the qkv projection's, so no copy follows), and gives a learned
-table its gradient.
+Three Triton kernels, each registered with :func:`torch.library.triton_op`, so that eager mode and ``torch.compile``
+run the same kernel (inductor sees into it). Each reads q, k and v through any strides (the qkv projection's output
+as ``(3, B, heads, N, dim)``), loads any float dtype, computes in float32 and writes the input's dtype:
+
+* ``vit_rope::turn_pairs``: channel pairs turned by ``cos, sin (B, heads, N, dim // 2)`` through any strides, so one
+  kernel serves every pair table: shared (strides 0), per head (RoPE-Mixed), per sample (NaFlex, token dropping), a
+  layer's of a per-layer table, both layouts, YaRN's scaled entries, the inverse turn (VO-RoPE's output); a basis
+  (STRING, ComRoPE) is folded into the projection before it;
+* ``vit_rope::turn_blocks``: blocks of channels turned by ``(B, heads, N, count, b, b)`` matrices (LieRE; ComRoPE's
+  exponentials), or by their transposes;
+* ``vit_rope::pape_qkv``: PaPE's columns appended to q and k, v padded to their width (:func:`pape_extend`).
+
+The turns write in the input's layout, so attention's output merges its heads with no copy, as without a rotation;
+their backward turns the gradient back with the same kernel, in the qkv projection's layout, and gives a learned
+table its gradient. PaPE's backward is its PyTorch path's at the same inputs.
 
 Which path a tensor takes (``FUSED``, from the environment variable ``VIT_ROPE_FUSED`` at import):
 
-* ``auto`` (default): the kernel for CUDA tensors, the PyTorch path (:mod:`vit_rope.tables`) elsewhere;
-* ``triton``: the kernel for every tensor; CPU tensors run it under Triton's interpreter, so set
+* ``auto`` (default): the kernels for CUDA tensors, the PyTorch path (:mod:`vit_rope.tables`) elsewhere;
+* ``triton``: the kernels for every tensor; CPU tensors run it under Triton's interpreter, so set
   ``TRITON_INTERPRET=1`` too (the tests and ``bench/kernel_ops.py`` do), in eager mode (a compiled graph of CPU
   tensors takes the op, which computes with PyTorch ops there);
 * ``torch``: the PyTorch path everywhere.
 
-The design follows the rotary kernels of Liger, flash-attn and TransformerEngine (a program per block of tokens and
-head, pairs in registers), which take neither per-head tables nor gradients for the table; no code is taken from them.
+The turns follow the design of the rotary kernels of Liger, flash-attn and TransformerEngine (a program per block of
+tokens and head, pairs in registers), which take neither per-head tables nor gradients for the table; no code is taken
+from them.
 """
 
 from __future__ import annotations
@@ -68,8 +75,8 @@ if FUSED not in ("auto", "triton", "torch"):
 
 
 def fused(x: Tensor) -> bool:
-    """Whether attention turns ``x``'s heads through the fused op (module docstring); float64 never does (the kernel
-    computes in float32)."""
+    """Whether attention takes ``x``, its qkv projection, through the fused ops (module docstring); float64 never does
+    (the kernels compute in float32)."""
     if triton is None or FUSED == "torch" or x.dtype == torch.float64:
         return False
     return FUSED == "triton" or x.device.type == "cuda"

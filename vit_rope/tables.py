@@ -104,8 +104,8 @@ _cos_sin_op.register_autograd(_cos_sin_backward, setup_context=_cos_sin_setup)
 def cos_sin(angles: Tensor) -> tuple[Tensor, Tensor]:
     """``cos`` and ``sin`` of a table's angles. Compiled, through an op inductor cannot see into, so that it computes
     them once into a buffer: left pointwise, inductor folds them into every block's rotation kernel, which then
-    recomputes them for every sample and head (compiled forward 0.956 → 0.983 of APE's on the CPU, docs/speed.md).
-    Exported (ONNX, torch.export) and eager, the plain ops."""
+    recomputes them for every sample and head (docs/speed.md measures the difference). Exported (ONNX,
+    torch.export) and eager, the plain ops."""
     if torch.compiler.is_compiling() and not torch.compiler.is_exporting():
         return _cos_sin_op(angles)
     return angles.cos(), angles.sin()
