@@ -74,12 +74,12 @@ if FUSED not in ("auto", "triton", "torch"):
     raise ValueError(f"VIT_ROPE_FUSED={FUSED!r}: choose 'auto' (the kernel on CUDA), 'triton' or 'torch'")
 
 
-def fused(x: Tensor) -> bool:
-    """Whether attention takes ``x``, its qkv projection, through the fused ops (module docstring); float64 never does
-    (the kernels compute in float32)."""
-    if triton is None or FUSED == "torch" or x.dtype == torch.float64:
+def fused(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether attention takes tensors of ``device`` and ``dtype`` through the fused ops (module docstring); float64
+    never does (the kernels compute in float32). A table asks once, as it is built (``Table.fused``)."""
+    if triton is None or FUSED == "torch" or dtype == torch.float64:
         return False
-    return FUSED == "triton" or x.device.type == "cuda"
+    return FUSED == "triton" or device.type == "cuda"
 
 
 def _launches_kernel(x: Tensor) -> bool:
@@ -387,7 +387,7 @@ def pape_extend(
         query_lo, key_lo = (query - query_hi.to(query.dtype)).to(dtype), (key - key_hi.to(key.dtype)).to(dtype)
         query = torch.cat((query_hi, query_hi, query_lo), dim=-1)
         key = torch.cat((key_hi, key_lo, key_hi), dim=-1)
-    pad = [0, pape_width(q.shape[-1], coords.shape[-1], dtype) - q.shape[-1] - query.shape[-1]]
+    pad = [0, -(q.shape[-1] + query.shape[-1]) % 8]  # up to a multiple of 8 channels: pape_width
     q = torch.nn.functional.pad(torch.cat((q.to(dtype), query.to(dtype)), dim=-1), pad)
     return q, torch.nn.functional.pad(torch.cat((k.to(dtype), key.to(dtype)), dim=-1), pad)
 

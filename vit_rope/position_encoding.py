@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from .coords import augment, grid_coordinates, scale_factors, scaled_coordinates
 from .families import FAMILIES, Scaling, create_family
+from .kernels import fused
 from .tables import Build, RotaryTable, Table, outside_autocast
 
 __all__ = ["SCALING_MODES", "PositionEncoding", "RotaryEmbedding"]
@@ -239,6 +240,7 @@ class PositionEncoding(nn.Module):
             centroid = (positions * w).sum(-2, keepdim=True) / w.sum(-2, keepdim=True)
             positions = torch.where(valid.unsqueeze(-1), positions, centroid)
         table = self._build(grid, positions, device, torch.float64 if dtype == torch.float64 else torch.float32, grids)
+        table = replace(table, fused=fused(device, dtype))  # attention's path for inputs of this device and dtype
         p = self.num_prefix_tokens
         if valid is not None:
             keys = torch.cat((valid.new_ones(valid.shape[0], p), valid), dim=1).to(device)  # (B, prefix + N)

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .kernels import fused, outside_autocast, pape_extend, pape_qkv, turn_back, turn_qkv
+from .kernels import outside_autocast, pape_extend, pape_qkv, turn_back, turn_qkv
 
 __all__ = [
     "AttentionBias",
@@ -161,6 +161,8 @@ class Table:
     # (B, 1, 1, N) bool: the tokens attention may look at (not the padding of a native-resolution batch), as SDPA's
     # key-only mask, which keeps its fused kernels
     keys: Tensor | None = None
+    # attention takes the fused ops (kernels.py): asked once, as the table is built for its device and dtype
+    fused: bool = False
 
     def layer(self, index: int) -> Table:
         """The table of model layer ``index`` (a table shared by every layer is returned as it is)."""
@@ -286,7 +288,7 @@ class RotaryTable(Table):
             )
         folded = self.basis is not None and targets == "qk"
         projected = F.linear(x, *fold_basis(qkv.weight, qkv.bias, self.fold, heads)) if folded else qkv(x)
-        if (self.basis is None or folded) and fused(projected):
+        if self.fused and (self.basis is None or folded):
             # one kernel splits q, k, v off the projection and turns them (kernels.py), in the projection's layout
             turn = dict(cos=self.cos, sin=self.sin, layout=self.layout, blocks=self.blocks)
             q, k, v = turn_qkv(projected, heads, targets.replace("o", ""), **turn)
@@ -503,7 +505,7 @@ class ParabolicBias(Table):
         dtype (bfloat16 under autocast: the flash kernels take it). v is padded with zero columns to q's width, since
         fused attention takes one head dim for q, k and v (docs/speed.md)."""
         projected = qkv(x)
-        if fused(projected):  # one kernel: q, k, v split off the projection, the columns appended (kernels.py)
+        if self.fused:  # one kernel: q, k, v split off the projection, the columns appended (kernels.py)
             B, N, _ = projected.shape
             x5 = projected.view(B, N, 3, heads, -1).permute(2, 0, 3, 1, 4)  # (3, B, heads, N, dim)
             coords = self.coords.expand(B, *self.coords.shape[-2:])
@@ -512,7 +514,7 @@ class ParabolicBias(Table):
         else:
             q, k, v = split_heads(projected, heads)
             dim, dtype = q.shape[-1], v.dtype
-            q, k = self.extend(q, k)
+            q, k = pape_extend(q, k, self.coords, self.curvature, self.gain, self.outer, self.num_prefix)
             v = F.pad(v.to(q.dtype), [0, q.shape[-1] - dim])
         with outside_autocast(q.device.type):  # q, k, v already in the dtype extend chose
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=self.keys, dropout_p=dropout, scale=dim**-0.5)
