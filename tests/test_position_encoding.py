@@ -236,3 +236,23 @@ def test_bad_calls():
         mixed(torch.randn(2, 2, 12, 16), grid=(3, 4))
     with pytest.raises(ValueError, match="heads=2"):
         mixed(torch.randn(2, 5, 12, 16), grid=(3, 4), layer=0)
+
+
+@pytest.mark.parametrize("family", ["axial", "mixed"])
+def test_per_sample_positions_turn_each_sample_by_its_own(family):
+    """positions (B, N, axes) with x (B, N, dim) (or (B, heads, N, dim)): the same shape back, each sample turned by
+    its own positions alone (before: (B, B, N, dim), every sample by every sample's positions)."""
+    torch.manual_seed(0)
+    rope = RotaryEmbedding(16, axes=2, family=family, num_heads=2)
+    positions = torch.randn(3, 4, 2) * 5
+    x = torch.randn(3, 2, 4, 16) if family == "mixed" else torch.randn(3, 4, 16)
+    out = rope(x, positions=positions)
+    assert out.shape == x.shape
+    for b in range(3):
+        torch.testing.assert_close(out[b], rope(x[b], positions=positions[b]))
+
+
+def test_per_sample_positions_for_another_batch_are_one_error():
+    rope = RotaryEmbedding(16, axes=2)
+    with pytest.raises(ValueError, match="its own positions"):
+        rope(torch.randn(2, 4, 16), positions=torch.randn(3, 4, 2))

@@ -327,6 +327,14 @@ class RotaryEmbedding(PositionEncoding):
                 f"x has last dim {x.shape[-1]} but the layer was built with dim={self.dim}; the last dim of x must be "
                 "the head dim the layer rotates"
             )
+        samples = positions is not None and positions.ndim == 3  # (B, N, axes): each sample its own positions
+        if samples and (x.ndim not in (3, 4) or x.shape[0] != positions.shape[0]):
+            raise ValueError(
+                f"positions {tuple(positions.shape)} give each of {positions.shape[0]} samples its own positions; "
+                f"x must be (B, N, dim) or (B, heads, N, dim) with B = {positions.shape[0]}, got {tuple(x.shape)}"
+            )
+        if samples and x.ndim == 3:  # (B, N, dim): the table's head dim goes in and out again
+            return self.forward(x.unsqueeze(1), positions=positions, inverse=inverse, layer=layer).squeeze(1)
         table: RotaryTable = self.table(grid, positions, device=x.device, dtype=x.dtype)
         if x.shape[-2] != table.num_tokens:
             prefix = f" + {self.num_prefix_tokens} prefix" if self.num_prefix_tokens else ""

@@ -143,6 +143,29 @@ def test_a_link_inside_the_output_is_never_written_through(link, tmp_path):
     assert target.read_text() == "precious"
 
 
+def test_a_hard_linked_lock_is_refused_and_the_linked_file_is_untouched(tmp_path):
+    """O_NOFOLLOW stops symbolic links only: a lock with a second hard link (a file outside --output) is one line,
+    and that file keeps its bytes (before: the run wrote its pid into it and ended with exit 0)."""
+    outside, out = tmp_path / "outside.txt", tmp_path / "out"
+    outside.write_text("precious")
+    out.mkdir()
+    os.link(outside, out / ".lock")
+    with pytest.raises(SystemExit) as stop:
+        train.main([*EPOCH, "--output", str(out)])
+    assert "hard links" in one_line(stop)
+    assert outside.read_text() == "precious"
+
+
+def test_a_hard_linked_file_a_run_reads_back_is_refused(tmp_path):
+    path, other = tmp_path / "results.csv", tmp_path / "elsewhere.csv"
+    other.write_text("a,b\n")
+    os.link(other, path)
+    with pytest.raises(SystemExit) as stop:
+        folder.read_own(path, "the results", "remove it")
+    assert "2 hard links" in one_line(stop)
+    assert other.read_text() == "a,b\n"
+
+
 def test_a_run_folder_that_is_a_link_is_refused_before_anything_is_written(tmp_path):
     elsewhere, out = tmp_path / "elsewhere", tmp_path / "out"
     elsewhere.mkdir()

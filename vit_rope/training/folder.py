@@ -161,10 +161,11 @@ def read_own(path: Path, what: str, remedy: str, expected: str = "a file the run
     except OSError as e:
         kind = "a symbolic link" if path.is_symlink() else f"unreadable ({e.strerror})"
         raise SystemExit(f"error: {what} {path} is {kind}, not {expected}; {remedy}") from None
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):  # (before fdopen, which refuses a folder with a traceback of its own)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:  # (before fdopen, which refuses a folder with a traceback)
         os.close(fd)
-        raise SystemExit(f"error: {what} {path} is {file_kind(mode)}, not {expected}; {remedy}")
+        kind = file_kind(st.st_mode) if not stat.S_ISREG(st.st_mode) else f"a file with {st.st_nlink} hard links"
+        raise SystemExit(f"error: {what} {path} is {kind}, not {expected}; {remedy}")
     with os.fdopen(fd, "rb") as f:
         return f.read()
 
@@ -205,10 +206,15 @@ def locked(folder: Path) -> Iterator[None]:
         fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
     except OSError as e:
         raise SystemExit(f"error: cannot open the lock {folder / LOCK} ({e.strerror}); {refused}") from None
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):  # a FIFO or device planted there: no lock to hold, nothing to truncate
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):  # a FIFO or device planted there: no lock to hold, nothing to truncate
         os.close(fd)
-        raise SystemExit(f"error: the lock {folder / LOCK} is {file_kind(mode)}; {refused}")
+        raise SystemExit(f"error: the lock {folder / LOCK} is {file_kind(st.st_mode)}; {refused}")
+    if st.st_nlink > 1:  # a hard link: the same file lies elsewhere too, outside the run's reach (O_NOFOLLOW
+        os.close(fd)  # stops symbolic links only); writing the pid would write there
+        raise SystemExit(
+            f"error: the lock {folder / LOCK} has {st.st_nlink} hard links, so it is not the run's own; {refused}"
+        )
     with os.fdopen(fd, "r+") as f:
         if fcntl is not None:
             try:
