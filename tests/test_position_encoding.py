@@ -256,3 +256,10 @@ def test_per_sample_positions_for_another_batch_are_one_error():
     rope = RotaryEmbedding(16, axes=2)
     with pytest.raises(ValueError, match="its own positions"):
         rope(torch.randn(2, 4, 16), positions=torch.randn(3, 4, 2))
+
+
+@pytest.mark.parametrize("grid", [(2, 2.5), (True, 4), ("2", 2)])
+def test_a_grid_of_other_than_whole_numbers_is_one_error(grid):
+    """(before: int() cut 2.5 to 2 and the layer turned by the wrong grid)"""
+    with pytest.raises(ValueError, match="whole numbers"):
+        RotaryEmbedding(16)(torch.randn(4, 16), grid=grid)

@@ -236,3 +236,11 @@ def test_set_input_size_moves_the_frame_grid_and_resamples_a_video_ape():
         torch.testing.assert_close(model(clip), before, rtol=0, atol=0)
     with pytest.raises(ValueError, match="keep their patch size"):
         model.set_input_size(patch_size=8)
+
+
+@pytest.mark.parametrize("frames", [0])
+def test_an_empty_clip_is_one_error(frames):
+    """(before: a raw error from the convolution)"""
+    model = timm.create_model("vit_rope3d_tiny", depth=1, img_size=32, num_frames=4)
+    with pytest.raises(ValueError, match="empty axis"):
+        model(torch.randn(1, 3, frames, 32, 32))

@@ -539,3 +539,20 @@ def test_every_kind_runs_on_the_meta_device(kind):
     encoding may branch on a tensor's value there."""
     model = tiny(pos_embed=kind, num_classes=10, device="meta").eval()
     assert model(torch.empty(2, 3, 64, 96, device="meta")).shape == (2, 10)
+
+
+@pytest.mark.parametrize("num_classes", [-3, 2.5, True])
+def test_a_negative_or_fractional_class_count_is_one_error(num_classes):
+    """(before: num_classes=-3 built a model whose logits were its features)"""
+    with pytest.raises(ValueError, match="num_classes"):
+        tiny(num_classes=num_classes)
+    with pytest.raises(ValueError, match="num_classes"):
+        tiny().reset_classifier(num_classes)
+
+
+@pytest.mark.parametrize("img_size", [0, -16, (32, 0), 2.5])
+def test_set_input_size_refuses_a_size_of_no_pixels(img_size):
+    model = tiny(img_size=32)
+    with pytest.raises(ValueError, match="img_size"):
+        model.set_input_size(img_size=img_size)
+    assert tuple(model.patch_embed.img_size) == (32, 32)  # unchanged

@@ -7,7 +7,7 @@ import torch
 from timm.layers._fx import register_notrace_function
 from torch import Tensor
 
-__all__ = ["check_batch", "check_global_pool", "check_image_input", "check_rates", "check_sizes"]
+__all__ = ["check_batch", "check_global_pool", "check_image_input", "check_num_classes", "check_rates", "check_sizes"]
 
 
 @register_notrace_function  # torch.fx: a leaf
@@ -67,6 +67,12 @@ def check_sizes(
         raise ValueError(f"mlp_ratio={mlp_ratio} must be positive")
     if embed_dim % num_heads:
         raise ValueError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}; choose a divisor")
+
+
+def check_num_classes(num_classes: int) -> None:
+    """A classifier's class count: 0 (no head: features) or more."""
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 0:
+        raise ValueError(f"num_classes={num_classes!r} must be a whole number, 0 (features, no head) or more")
 
 
 def check_rates(**rates: float) -> None:

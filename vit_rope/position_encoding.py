@@ -12,6 +12,7 @@ so a model loads at any resolution.
 """
 
 import math
+import operator
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -219,7 +220,12 @@ class PositionEncoding(nn.Module):
         if (grid is None) == (positions is None):
             raise ValueError("pass exactly one of grid=(sizes per axis) or positions=(N, axes) coordinates")
         if grid is not None:
-            grid = tuple(int(n) for n in grid)
+            try:  # whole numbers (ints, numpy's, a traced size), not a float that int() would cut
+                if any(isinstance(n, bool) for n in grid):
+                    raise TypeError
+                grid = tuple(operator.index(n) for n in grid)
+            except TypeError:
+                raise ValueError(f"grid={tuple(grid)}: sizes per axis are whole numbers of tokens") from None
             if len(grid) != self.axes:
                 raise ValueError(f"grid={grid} has {len(grid)} sizes but the layer has axes={self.axes}; give one each")
             if min(grid) < 1:

@@ -44,6 +44,9 @@ def check_video_input(x: Tensor, in_chans: int, tubelet: int, patch_size: Any, w
             f"in_chans={in_chans}; pass in_chans={x.shape[1]} or move channels to dim 1"
         )
     T, H, W = x.shape[2:]
+    if min(T, H, W) < 1:
+        raise ValueError(f"clip of shape {tuple(x.shape)} has an empty axis (T, H, W = {T}, {H}, {W}); each axis "
+                         "needs at least one tubelet")  # fmt: skip
     if T % tubelet:
         raise ValueError(f"clip length {T} is not divisible by the tubelet depth {tubelet}; sample a multiple of it")
     if H % patch_size[0] or W % patch_size[1]:

@@ -41,7 +41,7 @@ from torch import Tensor, nn
 
 from .attention import Attention, parse_rope_targets
 from .checkpoint import checkpoint_filter_fn, resample_grid_embed
-from .checks import check_global_pool, check_image_input, check_rates, check_sizes
+from .checks import check_global_pool, check_image_input, check_num_classes, check_rates, check_sizes
 from .families import FAMILIES, Family, on_register
 from .naflex import absolute_positions_of_tokens, embed_patches, keep_tokens, read_batch, sample_grids
 from .position_encoding import PositionEncoding
@@ -194,6 +194,7 @@ class VisionTransformer(nn.Module):
         self.abs_pos_embed = absolute_embedding(pos_embed, abs_pos_embed)  # what embed() adds: ape, sincos or none
         check_global_pool(global_pool, class_token)
         check_sizes(embed_dim, depth, num_heads, mlp_ratio, reg_tokens, patch_size, in_chans)
+        check_num_classes(num_classes)
         check_rates(
             drop_rate=drop_rate,
             pos_drop_rate=pos_drop_rate,
@@ -338,6 +339,7 @@ class VisionTransformer(nn.Module):
         return self.head
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        check_num_classes(num_classes)
         self.num_classes = num_classes
         if global_pool is not None:
             check_global_pool(global_pool, self.cls_token is not None)
@@ -350,6 +352,10 @@ class VisionTransformer(nn.Module):
     def set_input_size(self, img_size=None, patch_size=None) -> None:
         """Change the nominal input size (and patch size): APE and the position encoding's reference grid follow."""
         prev_grid = self.patch_embed.grid_size
+        for name, value in (("img_size", img_size), ("patch_size", patch_size)):
+            sizes = value if isinstance(value, tuple | list) else (value,)
+            if value is not None and any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in sizes):
+                raise ValueError(f"{name}={value!r}: sizes are whole numbers of pixels, at least 1")
         self.patch_embed.set_input_size(img_size=img_size, patch_size=patch_size)
         grid = self.patch_embed.grid_size
         if self.pos_embed is not None and tuple(grid) != tuple(prev_grid):
