@@ -263,3 +263,12 @@ def test_a_grid_of_other_than_whole_numbers_is_one_error(grid):
     """(before: int() cut 2.5 to 2 and the layer turned by the wrong grid)"""
     with pytest.raises(ValueError, match="whole numbers"):
         RotaryEmbedding(16)(torch.randn(4, 16), grid=grid)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_positions_that_are_not_finite_are_one_error(bad):
+    """(before: every channel of the token came back NaN, silently)"""
+    positions = torch.randn(4, 2)
+    positions[1, 0] = bad
+    with pytest.raises(ValueError, match="finite"):
+        RotaryEmbedding(16)(torch.randn(4, 16), positions=positions)

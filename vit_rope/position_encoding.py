@@ -260,6 +260,10 @@ class PositionEncoding(nn.Module):
 
     def _check_samples(self, positions: Tensor, grids: Tensor | None, valid: Tensor | None) -> None:
         B, N = positions.shape[0], positions.shape[-2]
+        # a caller's positions must be finite (a NaN would turn every channel into NaN); a NaFlex batch's (grids)
+        # are integer indices read_batch checked; compiled, the values are data torch.compile cannot branch on
+        if grids is None and not torch.compiler.is_compiling() and not bool(torch.isfinite(positions).all()):
+            raise ValueError("positions hold NaN or inf: every coordinate must be a finite number")
         if grids is not None and (positions.ndim != 3 or tuple(grids.shape) != (B, self.axes)):
             raise ValueError(
                 f"grids has shape {tuple(grids.shape)}; with positions {tuple(positions.shape)} it must be "
