@@ -252,3 +252,69 @@ def test_pretrained_weights_adapt_to_other_in_chans(in_chans, tmp_path):
     expected = timm.models.adapt_input_conv(in_chans, source.patch_embed.proj.weight.detach())
     torch.testing.assert_close(model.patch_embed.proj.weight, expected)
     assert model(torch.randn(1, in_chans, 32, 32)).shape == (1, 1000)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.bool, torch.uint8])
+def test_weights_of_an_integer_or_bool_dtype_are_refused_not_cast(dtype, tmp_path):
+    model = tiny()
+    state = {k: (v > 0) if dtype == torch.bool else (v * 100).to(dtype) for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match=f"is {dtype} but the model's is torch.float32"):
+        tiny().load_state_dict(state)
+    path = tmp_path / "int.safetensors"
+    save_file({k: v.contiguous() for k, v in state.items()}, str(path))
+    with pytest.raises(ValueError, match=f"is {dtype} but the model's is torch.float32"):  # timm's loader: the same
+        tiny(pretrained=True, pretrained_cfg_overlay=dict(file=str(path)))
+    # float weights of another precision load as before
+    halves = {k: v.half() for k, v in model.state_dict().items()}
+    other = tiny()
+    other.load_state_dict(halves)
+    torch.testing.assert_close(other.blocks[0].attn.qkv.weight, model.blocks[0].attn.qkv.weight.half().float())
+
+
+def test_weights_holding_nan_or_inf_are_refused():
+    model = tiny()
+    for bad in (float("nan"), float("inf")):
+        state = model.state_dict()
+        key = "blocks.1.mlp.fc1.weight"
+        state[key] = state[key].clone().index_fill_(0, torch.tensor([3]), bad)
+        with pytest.raises(ValueError, match="weight blocks.1.mlp.fc1.weight holds NaN or inf"):
+            tiny().load_state_dict(state)
+
+
+@pytest.mark.parametrize("name", sorted(n for n in timm.list_models("vit_*") if n.endswith("_tiny")))
+def test_every_model_loads_its_own_weights_through_the_check(name):
+    """The load check refuses nothing a fresh model of any family holds (its buffers and parameters are finite)."""
+    src = timm.create_model(name, depth=1)
+    dst = timm.create_model(name, depth=1)
+    dst.load_state_dict(src.state_dict())
+    for k, v in dst.state_dict().items():
+        torch.testing.assert_close(v, src.state_dict()[k])
+
+
+def test_a_local_dir_folder_whose_record_names_another_family_is_refused(tmp_path):
+    """Weights of LookHere have RoPE's names and shapes: timm's ``local-dir:`` loader would load them into a RoPE model
+    (the folder's config.json names it) without a word. The record in model.safetensors's metadata says what they
+    are."""
+    from vit_rope.training.weights import model_record, save_model_folder, timm_config
+
+    lookhere, rope = tiny("vit_lookhere_tiny", img_size=32), tiny(img_size=32)
+    save_model_folder(tmp_path, lookhere, model_record(lookhere, "vit_lookhere_tiny", {}),
+                      timm_config(rope, 32, (0.5,) * 3, (0.5,) * 3))  # fmt: skip
+    with pytest.raises(ValueError, match="weights of vit_lookhere_tiny .*pos_embed=lookhere.*not of this model"):
+        timm.create_model(f"local-dir:{tmp_path}", pretrained=True)
+    config = timm_config(rope, 32, (0.5,) * 3, (0.5,) * 3)
+    save_model_folder(tmp_path, rope, model_record(rope, "vit_rope_tiny", {}), config)
+    loaded = timm.create_model(f"local-dir:{tmp_path}", pretrained=True)
+    torch.testing.assert_close(loaded.head.weight, rope.head.weight)
+
+
+def test_a_new_classifier_is_said_not_silent(tmp_path):
+    src = tiny(num_classes=10)
+    path = save(src, tmp_path / "m.safetensors")
+    with pytest.warns(UserWarning, match="classifier has 10 classes and the model 3: the model's head is newly"):
+        tiny(num_classes=3, pretrained=True, pretrained_cfg_overlay=dict(file=path))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same class count: no word
+        tiny(num_classes=10, pretrained=True, pretrained_cfg_overlay=dict(file=path, num_classes=10))

@@ -50,3 +50,50 @@ def test_reset_classifier_token_pool_needs_a_class_token():
         model.reset_classifier(10, "token")
     model.reset_classifier(10, "max")
     assert model.global_pool == "max"
+
+
+def test_input_on_another_device_or_without_pixels_is_one_clear_error():
+    model = tiny().eval()
+    with pytest.raises(ValueError, match="input is on meta but the model's weights are on cpu"):
+        model(torch.randn(1, 3, 32, 32, device="meta"))
+    with pytest.raises(ValueError, match="has no pixels"):  # was the convolution's "padded input size" error
+        model(torch.randn(1, 3, 0, 32))
+    video = tiny("vit_rope3d_tiny", img_size=32, num_frames=2, tubelet_size=1).eval()
+    with pytest.raises(ValueError, match="input is on meta"):
+        video(torch.randn(1, 3, 2, 32, 32, device="meta"))
+
+
+@pytest.mark.parametrize("x", [None, [[0.0]], "image"])
+def test_input_that_is_not_a_tensor_is_one_clear_error(x):
+    """(before: AttributeError "'list' object has no attribute 'ndim'")"""
+    with pytest.raises(ValueError, match="pass a torch tensor"):
+        tiny()(x)
+
+
+def test_a_numpy_array_is_not_mistaken_for_a_tensor_on_another_device():
+    """(before: "input is on cpu but the model's weights are on cpu": NumPy 2's arrays have a .device too)"""
+    np = pytest.importorskip("numpy")
+    with pytest.raises(ValueError, match="numpy.ndarray; pass a torch tensor, e.g. torch.from_numpy"):
+        tiny()(np.zeros((1, 3, 32, 32), dtype=np.float32))
+
+
+@pytest.mark.parametrize("img_size", [0, -32, (32,), (32, 32, 32), 32.0, (32, True)])
+def test_an_image_size_that_is_not_one_or_two_whole_numbers_is_one_error(img_size):
+    """(before: (32,) was an IndexError inside timm's PatchEmbed; 0 and -32 timm's own words)"""
+    with pytest.raises(ValueError, match=r"img_size=.*give a whole number of pixels, or two \(height, width\)"):
+        tiny(img_size=img_size)
+
+
+@pytest.mark.parametrize("init_values", [float("nan"), float("inf")])
+def test_layer_scale_init_values_must_be_finite(init_values):
+    """(before: a model whose every output was NaN)"""
+    with pytest.raises(ValueError, match="init_values=.* must be a finite number"):
+        tiny(init_values=init_values)
+
+
+def test_pooling_of_an_unknown_kind_is_one_error_not_the_tokens_unpooled():
+    model = tiny(img_size=32).eval()
+    features = model.forward_features(torch.randn(1, 3, 32, 32))
+    with pytest.raises(ValueError, match="global_pool='map': choose"):
+        model.pool(features, "map")
+    assert model.pool(features, "avg").shape == (1, 192)

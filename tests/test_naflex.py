@@ -212,6 +212,12 @@ def test_video_models_take_a_native_batch_of_tubelets():
         (lambda b: b.update(patch_valid=b["patch_valid"].long()), "patch_valid is .*expected bool"),
         (lambda b: b["patch_valid"][1].fill_(False), "no real patch"),
         (lambda b: b["patch_coord"][0, 0].fill_(-1), "negative index"),
+        # (before: the batch ran, its patches cast to the weights' dtype, unlike an image batch)
+        (lambda b: b.update(patches=b["patches"].double()), "dtype torch.float64 but the model's weights"),
+        # (before: a raw "Tensor.item() cannot be called on meta tensors")
+        (lambda b: b.update(patch_coord=b["patch_coord"].to("meta")), "patch_coord is on meta but patches are on cpu"),
+        # (before: an APE model resampled its embedding to a grid of 10^12 patches: an allocation error, or hours)
+        (lambda b: b["patch_coord"][0, 0].fill_(10**6), "a grid of 1e\\+12 patches \\(at most 1048576\\)"),
     ],
 )
 def test_a_bad_native_batch_is_one_clear_error(change, match):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.helpers import randomized
-from vit_rope import RotaryEmbedding, RotaryTable
+from vit_rope import PositionEncoding, RotaryEmbedding, RotaryTable
 
 F64 = torch.float64
 
@@ -231,11 +231,21 @@ def test_bad_calls():
         rope(x, positions=torch.zeros(12, 2, dtype=torch.long))
     with pytest.raises(ValueError, match="rotations turn float tensors"):
         rope(x.long(), grid=(3, 4))
+    # (before: AttributeError 'list' object has no attribute 'ndim'; IndexError; .item() on a meta tensor)
+    with pytest.raises(ValueError, match="positions is a list; pass a float tensor"):
+        rope(x, positions=[[0.0, 0.0]] * 12)
+    with pytest.raises(ValueError, match=r"x is shape \(16,\); pass a tensor \(..., N, dim\)"):
+        rope(torch.randn(16), grid=(1, 1))
+    with pytest.raises(ValueError, match="positions are on meta but x is on cpu"):
+        rope(x, positions=torch.zeros(12, 2, device="meta"))
     mixed = RotaryEmbedding(16, axes=2, family="mixed", num_heads=2, depth=3)
     with pytest.raises(ValueError, match="pass layer=index"):
         mixed(torch.randn(2, 2, 12, 16), grid=(3, 4))
     with pytest.raises(ValueError, match="heads=2"):
         mixed(torch.randn(2, 5, 12, 16), grid=(3, 4), layer=0)
+    for layer in (3, -4, 1.5, True):  # (before: IndexError or TypeError from select())
+        with pytest.raises(ValueError, match="this encoding learns 3 layers; pass an index, 0 to 2"):
+            mixed(torch.randn(2, 2, 12, 16), grid=(3, 4), layer=layer)
 
 
 @pytest.mark.parametrize("family", ["axial", "mixed"])
@@ -272,3 +282,16 @@ def test_positions_that_are_not_finite_are_one_error(bad):
     positions[1, 0] = bad
     with pytest.raises(ValueError, match="finite"):
         RotaryEmbedding(16)(torch.randn(4, 16), positions=positions)
+
+
+def test_positions_outside_their_samples_grid_are_one_error():
+    """``grids`` says each sample's grid: an index past it (or below 0) among the real tokens is refused; padding may
+    carry any index."""
+    encoding = PositionEncoding(16, 2, "axial")
+    positions = torch.tensor([[[0.0, 0.0], [1.0, 2.0]], [[0.0, 0.0], [0.0, 1.0]]])
+    grids = torch.tensor([[2, 3], [1, 2]])
+    encoding(None, positions, grids=grids)  # every index on its grid
+    with pytest.raises(ValueError, match="token 1 of sample 0 is at index 2 on axis 1, outside its grid of 2"):
+        encoding(None, positions, grids=torch.tensor([[2, 2], [1, 2]]))
+    valid = torch.tensor([[True, False], [True, True]])  # the token past the grid is padding: fine
+    encoding(None, positions, grids=torch.tensor([[2, 2], [1, 2]]), valid=valid)

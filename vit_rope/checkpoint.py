@@ -7,7 +7,10 @@ follows from its length; the patch kernel is resampled to another patch size and
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -16,7 +19,55 @@ from timm.layers import resample_abs_pos_embed, resample_patch_embed
 from timm.models import adapt_input_conv
 from torch import Tensor, nn
 
-__all__ = ["checkpoint_filter_fn", "inflate_image_checkpoint", "resample_grid_embed", "unwrap_state_dict"]
+__all__ = ["RECORD", "check_loaded_weights", "checkpoint_filter_fn", "inflate_image_checkpoint", "recorded_kind",
+           "resample_grid_embed", "unwrap_state_dict"]  # fmt: skip
+
+RECORD = "vit_rope.record"  # the metadata key of a model.safetensors this package wrote: what model the weights are
+
+
+def _kind_of_dtype(dtype: torch.dtype) -> str:
+    if dtype == torch.bool:
+        return "bool"
+    if dtype.is_complex:
+        return "complex"
+    return "float" if dtype.is_floating_point else "integer"
+
+
+def check_loaded_weights(module: nn.Module, state_dict: dict, prefix: str, *_) -> None:
+    """``load_state_dict``'s check of the weights it is given (a pre-hook of our models): a tensor of another kind
+    than the model's (integer or bool where the model has floats: torch would cast it silently) or a float tensor
+    holding NaN or inf (a damaged file, or a run that diverged) is one error naming it. Float weights of another
+    precision (bf16, fp16 into fp32) load as before."""
+    own = module.state_dict()
+    for key, value in state_dict.items():
+        mine = own.get(key[len(prefix) :]) if key.startswith(prefix) else None
+        if mine is None or not isinstance(value, Tensor) or value.device.type == "meta":
+            continue
+        if _kind_of_dtype(value.dtype) != _kind_of_dtype(mine.dtype):
+            raise ValueError(
+                f"weight {key} is {value.dtype} but the model's is {mine.dtype}: {_kind_of_dtype(value.dtype)} values "
+                "are not weights of this model (torch would cast them silently); load the file the model was saved to"
+            )
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            raise ValueError(
+                f"weight {key} holds NaN or inf: the checkpoint is damaged, or saved from a run that diverged; load "
+                "weights saved before it diverged"
+            )
+
+
+def recorded_kind(path: str) -> dict | None:
+    """The record a model.safetensors this package wrote keeps in its metadata (its ``model`` and ``kind``), read from
+    the file's header alone; None where there is none (timm's files, another tool's) or it cannot be read (the
+    loader then says why)."""
+    try:
+        from safetensors import safe_open
+
+        with safe_open(path, "pt") as f:
+            record = json.loads((f.metadata() or {}).get(RECORD) or "null")
+    except Exception:  # (an unreadable file: the weights' loader names it)
+        return None
+    fields_ok = isinstance(record, dict) and all(isinstance(record.get(k), str) for k in ("model", "kind"))
+    return record if fields_ok else None
 
 
 def unwrap_state_dict(state_dict: dict) -> dict:
@@ -110,6 +161,15 @@ def checkpoint_filter_fn(state_dict: dict[str, Tensor], model: nn.Module) -> dic
       and the checkpoint lacks, or the other way round, is an error naming it: timm loads non-strictly when the head
       changes, and another model's weights (APE into RoPE, another depth) must not load half-way.
     """
+    file = (getattr(model, "pretrained_cfg", None) or {}).get("file")  # timm's local-dir: (a folder) and file loads
+    file = os.path.join(file, "model.safetensors") if isinstance(file, str) and os.path.isdir(file) else file
+    record = recorded_kind(file) if isinstance(file, str) and file.endswith(".safetensors") else None
+    kind = model.weights_kind() if callable(getattr(model, "weights_kind", None)) else None
+    if record is not None and kind is not None and record["kind"] != kind:
+        raise ValueError(
+            f"{file} holds the weights of {record['model']} ({record['kind']}), not of this model ({kind}): their "
+            "names and shapes agree, but they mean other things; create the model its config.json names, unchanged"
+        )
     state_dict = rename_timm_keys(unwrap_state_dict(state_dict))
     own = model.state_dict()
     out: dict[str, Tensor] = {}
@@ -126,8 +186,14 @@ def checkpoint_filter_fn(state_dict: dict[str, Tensor], model: nn.Module) -> dic
         elif k == "patch_embed.proj.weight" and v.shape != own[k].shape:
             v = _adapt_patch_kernel(v, own[k])
         if v.shape != own[k].shape:
-            if k.startswith("head."):
-                continue  # another class count: keep the model's fresh classifier
+            if k.startswith("head."):  # another class count: keep the model's fresh classifier, and say so
+                if k == "head.weight":
+                    warnings.warn(
+                        f"the checkpoint's classifier has {v.shape[0]} classes and the model {own[k].shape[0]}: the "
+                        "model's head is newly initialised (train it before using its outputs)",
+                        stacklevel=2,
+                    )
+                continue
             raise ValueError(
                 f"checkpoint tensor {k} has shape {tuple(v.shape)} but the model expects {tuple(own[k].shape)}; "
                 "create the model with the checkpoint's embed_dim/depth/num_heads"

@@ -1,28 +1,34 @@
 """Checks at the models' boundary: input they cannot take and arguments out of range, each one clear error that
 says what is wrong and how to fix it (rather than a failure deep inside a convolution or attention)."""
 
+import math
 from typing import Any
 
 import torch
 from timm.layers._fx import register_notrace_function
 from torch import Tensor
 
-__all__ = ["check_batch", "check_global_pool", "check_image_input", "check_num_classes", "check_rates", "check_sizes"]
+__all__ = ["check_batch", "check_global_pool", "check_image_input", "check_img_size", "check_init_values",
+           "check_num_classes", "check_rates", "check_sizes", "check_tensor"]  # fmt: skip
 
 
 @register_notrace_function  # torch.fx: a leaf
 def check_image_input(x: Tensor, in_chans: int, patch_size: Any, pad: bool, weight: Tensor) -> None:
     """One clear error for input an image model cannot take."""
+    check_tensor(x)
     if x.ndim != 4:
         hint = " (a video clip? use a vit_rope3d_* model)" if x.ndim == 5 else ""
         raise ValueError(f"image models take (B, C, H, W) input, got shape {tuple(x.shape)}{hint}")
-    check_batch(x, weight.dtype)
+    check_batch(x, weight)
     if x.shape[1] != in_chans:
         raise ValueError(
             f"input has {x.shape[1]} channels but the model was built with in_chans={in_chans}; "
             f"pass in_chans={x.shape[1]} to timm.create_model (pretrained patch weights are adapted)"
         )
     H, W = x.shape[-2:]
+    if min(H, W) < 1:
+        raise ValueError(f"input of shape {tuple(x.shape)} has no pixels (H, W = {H}, {W}); pass images of at "
+                         "least one patch")  # fmt: skip
     if not pad and (H % patch_size[0] or W % patch_size[1]):
         raise ValueError(
             f"input size {H}x{W} is not divisible by the patch size {patch_size[0]}x{patch_size[1]}; resize or crop "
@@ -30,9 +36,24 @@ def check_image_input(x: Tensor, in_chans: int, patch_size: Any, pad: bool, weig
         )
 
 
-def check_batch(x: Tensor, dtype: torch.dtype) -> None:
-    """An empty batch, or input of another floating dtype than the weights outside autocast, is an error here rather
-    than deep inside a convolution."""
+def check_tensor(x: object) -> None:
+    """A model's input is a torch tensor (or a NaFlex dict, read elsewhere): a NumPy array, a list or None is one
+    error here, rather than an attribute error inside (or a NumPy array's device, 'cpu', misread as torch's)."""
+    if not isinstance(x, Tensor):
+        hint = ", e.g. torch.from_numpy(x)" if type(x).__module__ == "numpy" else ""
+        raise ValueError(f"input is a {type(x).__module__}.{type(x).__qualname__}; pass a torch tensor{hint} (or a "
+                         "NaFlex dict)")  # fmt: skip
+
+
+def check_batch(x: Tensor, weight: Tensor) -> None:
+    """An empty batch, input on another device than the weights, or of another floating dtype outside autocast, is
+    an error here rather than deep inside a convolution."""
+    dtype = weight.dtype
+    if x.device != weight.device:
+        raise ValueError(
+            f"input is on {x.device} but the model's weights are on {weight.device}; move one to the other "
+            f"(x.to({str(weight.device)!r}) or model.to({str(x.device)!r}))"
+        )
     if x.shape[0] == 0:
         raise ValueError("the batch is empty (batch size 0); pass at least one sample")
     if not x.is_floating_point():
@@ -67,6 +88,19 @@ def check_sizes(
         raise ValueError(f"mlp_ratio={mlp_ratio} must be positive")
     if embed_dim % num_heads:
         raise ValueError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}; choose a divisor")
+
+
+def check_img_size(img_size: Any) -> None:
+    """An image size: one whole number of pixels, or two (height, width), each at least 1."""
+    sizes = tuple(img_size) if isinstance(img_size, tuple | list) else (img_size,) * 2
+    if len(sizes) != 2 or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in sizes):
+        raise ValueError(f"img_size={img_size!r}: give a whole number of pixels, or two (height, width), at least 1")
+
+
+def check_init_values(init_values: float | None) -> None:
+    """LayerScale's initial value: a finite number, or None/0 for no LayerScale (a NaN makes every output NaN)."""
+    if init_values is not None and not (isinstance(init_values, int | float) and math.isfinite(init_values)):
+        raise ValueError(f"init_values={init_values!r} must be a finite number (0 or None: no LayerScale)")
 
 
 def check_num_classes(num_classes: int) -> None:

@@ -23,12 +23,22 @@ from timm.layers._fx import register_notrace_function
 from torch import Tensor, nn
 
 from .checkpoint import resample_grid_embed
+from .checks import check_batch
 
 __all__ = ["absolute_positions_of_tokens", "embed_patches", "keep_tokens", "read_batch", "sample_grids"]
 
 
-def read_batch(batch: dict, patch_size: tuple[int, ...], in_chans: int, axes: int) -> tuple[Tensor, Tensor, Tensor]:
-    """``patches``, ``patch_coord`` and ``patch_valid`` of a NaFlex dict, checked; one clear error for a bad one."""
+# the most patches one sample's grid may span (its largest index plus one, multiplied over the axes): a 16k x 16k
+# image of 16-px patches. Past it a coordinate is a broken batch, and an absolute embedding resampled to that grid
+# would ask for more memory than any machine has.
+MAX_GRID_PATCHES = 1 << 20
+
+
+def read_batch(
+    batch: dict, patch_size: tuple[int, ...], in_chans: int, axes: int, weight: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``patches``, ``patch_coord`` and ``patch_valid`` of a NaFlex dict, checked; one clear error for a bad one.
+    ``weight``: the patch embedding's, whose device (and dtype, outside autocast) the patches must have."""
     if not isinstance(batch, dict) or "patches" not in batch or "patch_coord" not in batch:
         keys = sorted(batch) if isinstance(batch, dict) else type(batch).__name__
         raise ValueError(
@@ -40,6 +50,8 @@ def read_batch(batch: dict, patch_size: tuple[int, ...], in_chans: int, axes: in
     if not isinstance(patches, Tensor) or patches.ndim != 3 or not patches.is_floating_point():
         got = tuple(patches.shape) if isinstance(patches, Tensor) else type(patches).__name__
         raise ValueError(f"patches is {got}; expected a float tensor (B, N, {values}): each patch's pixels, flat")
+    if weight is not None:
+        check_batch(patches, weight)
     B, N, width = patches.shape
     if width != values:
         sizes = "×".join(str(p) for p in patch_size)
@@ -55,6 +67,10 @@ def read_batch(batch: dict, patch_size: tuple[int, ...], in_chans: int, axes: in
     if not isinstance(valid, Tensor) or tuple(valid.shape) != (B, N) or valid.dtype != torch.bool:
         got = (tuple(valid.shape), valid.dtype) if isinstance(valid, Tensor) else type(valid).__name__
         raise ValueError(f"patch_valid is {got}; expected bool ({B}, {N}): True for each real patch, False for padding")
+    for name, t in (("patch_coord", coord), ("patch_valid", valid)):
+        if t.device != patches.device:
+            raise ValueError(f"{name} is on {t.device} but patches are on {patches.device}; move the whole batch to "
+                             "one device")  # fmt: skip
     if N == 0:
         raise ValueError("the batch has no patches (N = 0): every sample needs at least one real patch")
     if torch.compiler.is_compiling():  # the values are data torch.compile cannot branch on: eager checks them
@@ -63,6 +79,14 @@ def read_batch(batch: dict, patch_size: tuple[int, ...], in_chans: int, axes: in
         raise ValueError("a sample of the batch has no real patch (patch_valid all False): every sample needs one")
     if bool((coord[valid] < 0).any()):
         raise ValueError("patch_coord has a negative index among the real patches: indices count from 0 on each grid")
+    spans = sample_grids(coord, valid).double().prod(dim=-1)  # (B,) patches of each sample's grid
+    if bool((spans > MAX_GRID_PATCHES).any()):
+        i = int(spans.argmax())
+        raise ValueError(
+            f"sample {i}'s patch_coord reaches index {coord[i][valid[i]].amax(dim=0).tolist()}, a grid of "
+            f"{spans[i]:.3g} patches (at most {MAX_GRID_PATCHES}): indices are each patch's row and column on its "
+            "own image's grid, counted from 0 (timm's NaFlex collator writes them so)"
+        )
     return patches, coord, valid
 
 

@@ -232,6 +232,9 @@ class PositionEncoding(nn.Module):
                 raise ValueError(f"grid={grid}: every axis needs at least one position")
             if grids is not None or valid is not None:
                 raise ValueError("grids and valid describe explicit per-sample positions: pass positions with them")
+        elif not isinstance(positions, Tensor):
+            raise ValueError(f"positions is a {type(positions).__name__}; pass a float tensor (N, {self.axes}) or "
+                             f"(B, N, {self.axes}), e.g. torch.tensor(positions, dtype=torch.float32)")  # fmt: skip
         elif positions.ndim not in (2, 3) or positions.shape[-1] != self.axes or not positions.is_floating_point():
             raise ValueError(
                 f"positions has shape {tuple(positions.shape)} and dtype {positions.dtype}; expected float (N, "
@@ -274,8 +277,23 @@ class PositionEncoding(nn.Module):
                 f"valid has shape {tuple(valid.shape)} and dtype {valid.dtype}; with positions "
                 f"{tuple(positions.shape)} it must be bool (B, N): True for each real token"
             )
-        if valid is not None and not torch.compiler.is_compiling() and not bool(valid.any(-1).all()):
+        for name, t in (("grids", grids), ("valid", valid)):
+            if t is not None and t.device != positions.device:
+                raise ValueError(f"{name} is on {t.device} but positions are on {positions.device}; pass them on one "
+                                 "device")  # fmt: skip
+        if torch.compiler.is_compiling():  # (values are data torch.compile cannot branch on: eager checks them)
+            return
+        if valid is not None and not bool(valid.any(-1).all()):
             raise ValueError("valid marks no token of some sample as real: every sample needs at least one")
+        if grids is not None:  # patch indices on each sample's own grid: from 0 to its size - 1 along each axis
+            real = positions if valid is None else positions.masked_fill(~valid.unsqueeze(-1), 0)
+            outside = (real < 0) | (real > grids.unsqueeze(1).to(real.dtype) - 1)
+            if bool(outside.any()):
+                b, n, a = (int(i) for i in outside.nonzero()[0])
+                raise ValueError(
+                    f"token {n} of sample {b} is at index {real[b, n, a].item():g} on axis {a}, outside its grid of "
+                    f"{int(grids[b, a])} (indices 0 to {int(grids[b, a]) - 1}); give each sample's grid in grids"
+                )
 
     def _build(self, grid, positions, device: torch.device, dtype: torch.dtype, grids: Tensor | None = None) -> Table:
         calc = torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
@@ -330,6 +348,9 @@ class RotaryEmbedding(PositionEncoding):
     ) -> Tensor:
         """Rotate ``x (..., N, dim)`` by the positions of its tokens (``inverse=True``: rotate back). Per-head
         families need x as ``(..., heads, N, dim)``; per-layer ones ``layer``."""
+        if not isinstance(x, Tensor) or x.ndim < 2:
+            got = f"shape {tuple(x.shape)}" if isinstance(x, Tensor) else f"a {type(x).__name__}"
+            raise ValueError(f"x is {got}; pass a tensor (..., N, dim): N tokens of dim channels each")
         if not x.is_floating_point():
             raise ValueError(f"x has dtype {x.dtype}; rotations turn float tensors: convert it, e.g. x.float()")
         if x.shape[-1] != self.dim:
@@ -337,7 +358,9 @@ class RotaryEmbedding(PositionEncoding):
                 f"x has last dim {x.shape[-1]} but the layer was built with dim={self.dim}; the last dim of x must be "
                 "the head dim the layer rotates"
             )
-        samples = positions is not None and positions.ndim == 3  # (B, N, axes): each sample its own positions
+        if isinstance(positions, Tensor) and positions.device != x.device:
+            raise ValueError(f"positions are on {positions.device} but x is on {x.device}; pass them on one device")
+        samples = isinstance(positions, Tensor) and positions.ndim == 3  # (B, N, axes): each sample its own
         if samples and (x.ndim not in (3, 4) or x.shape[0] != positions.shape[0]):
             raise ValueError(
                 f"positions {tuple(positions.shape)} give each of {positions.shape[0]} samples its own positions; "
@@ -354,6 +377,11 @@ class RotaryEmbedding(PositionEncoding):
             )
         if table.per_layer and layer is None:
             raise ValueError("this family learns an encoding per model layer (depth is set): pass layer=index")
+        depth = self.family.depth
+        if table.per_layer and (isinstance(layer, bool) or not isinstance(layer, int) or not -depth <= layer < depth):
+            raise ValueError(
+                f"layer={layer!r}: this encoding learns {depth} layers; pass an index, 0 to {depth - 1}"
+            )
         table = table.layer(layer) if table.per_layer else table
         if table.num_heads > 1 and (x.ndim < 3 or x.shape[-3] != table.num_heads):
             raise ValueError(

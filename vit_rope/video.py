@@ -23,7 +23,7 @@ from timm.models._builder import resolve_pretrained_cfg
 from torch import Tensor, nn
 
 from .checkpoint import inflate_image_checkpoint
-from .checks import check_batch
+from .checks import check_batch, check_tensor
 from .vit import SIZES, VisionTransformer
 
 __all__ = ["TubeletEmbed", "VideoVisionTransformer"]
@@ -32,12 +32,13 @@ __all__ = ["TubeletEmbed", "VideoVisionTransformer"]
 @register_notrace_function  # torch.fx: a leaf
 def check_video_input(x: Tensor, in_chans: int, tubelet: int, patch_size: Any, weight: Tensor) -> None:
     """One clear error for input a video model cannot take."""
+    check_tensor(x)
     if x.ndim != 5:
         hint = (
             " (an image batch? use a vit_rope_* image model, or add a time axis: x.unsqueeze(2))" if x.ndim == 4 else ""
         )
         raise ValueError(f"video models take (B, C, T, H, W) clips, got shape {tuple(x.shape)}{hint}")
-    check_batch(x, weight.dtype)
+    check_batch(x, weight)
     if x.shape[1] != in_chans:
         raise ValueError(
             f"clip has {x.shape[1]} channels (dim 1 of (B, C, T, H, W)) but the model was built with "

@@ -40,8 +40,16 @@ from timm.models.vision_transformer import init_weights_vit_timm
 from torch import Tensor, nn
 
 from .attention import Attention, parse_rope_targets
-from .checkpoint import checkpoint_filter_fn, resample_grid_embed
-from .checks import check_global_pool, check_image_input, check_num_classes, check_rates, check_sizes
+from .checkpoint import check_loaded_weights, checkpoint_filter_fn, resample_grid_embed
+from .checks import (
+    check_global_pool,
+    check_image_input,
+    check_img_size,
+    check_init_values,
+    check_num_classes,
+    check_rates,
+    check_sizes,
+)
 from .families import FAMILIES, Family, on_register
 from .naflex import absolute_positions_of_tokens, embed_patches, keep_tokens, read_batch, sample_grids
 from .position_encoding import PositionEncoding
@@ -195,6 +203,8 @@ class VisionTransformer(nn.Module):
         check_global_pool(global_pool, class_token)
         check_sizes(embed_dim, depth, num_heads, mlp_ratio, reg_tokens, patch_size, in_chans)
         check_num_classes(num_classes)
+        check_img_size(img_size)
+        check_init_values(init_values)
         check_rates(
             drop_rate=drop_rate,
             pos_drop_rate=pos_drop_rate,
@@ -270,6 +280,7 @@ class VisionTransformer(nn.Module):
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes, **dd) if num_classes > 0 else nn.Identity()
         self.init_weights(weight_init)
+        self.register_load_state_dict_pre_hook(check_loaded_weights)  # integer, bool or NaN weights: one error
 
     # ------------------------------------------------------------------------------------------- building
     def _make_patch_embed(self, img_size, patch_size, in_chans, embed_dim, dynamic_img_pad, dd) -> nn.Module:
@@ -367,6 +378,14 @@ class VisionTransformer(nn.Module):
         for info in self.feature_info:
             info["reduction"] = self._reduction()
 
+    def weights_kind(self) -> str:
+        """What these weights are, as a saved record names it: the position encoding, and an absolute embedding its
+        pos_embed does not name (weights of one encoding have the names and shapes of another's: RoPE's and
+        LookHere's, say; RoPE + APE's are RoPE's and a pos_embed)."""
+        added = self.abs_pos_embed
+        extra = f", abs_pos_embed={added}" if added != absolute_embedding(self.pos_embed_type) else ""
+        return f"vit_rope ViT, pos_embed={self.pos_embed_type}{extra}"
+
     # ------------------------------------------------------------------------------------------- scaling
     def rope_scaling_modes(self) -> tuple[str, ...]:
         """The scaling modes this model's position encoding takes (none without one); VO-RoPE skips YaRN,
@@ -417,7 +436,7 @@ class VisionTransformer(nn.Module):
         sample's grid, padding zeroed and left out of attention (the table's ``keys``)."""
         proj = self.patch_embed.proj
         axes = len(self.patch_embed.grid_size)
-        patches, coord, valid = read_batch(batch, tuple(proj.weight.shape[2:]), proj.in_channels, axes)
+        patches, coord, valid = read_batch(batch, tuple(proj.weight.shape[2:]), proj.in_channels, axes, proj.weight)
         x = embed_patches(patches, proj)  # (B, N, C)
         norm = getattr(self.patch_embed, "norm", None)
         x = x if norm is None else norm(x)
@@ -461,6 +480,8 @@ class VisionTransformer(nn.Module):
     def pool(self, x: Tensor, pool_type: str | None = None, patch_valid: Tensor | None = None) -> Tensor:
         """Pooled features ``(B, C)``; ``patch_valid (B, N)``: average or maximum over the real patch tokens alone."""
         pool_type = self.global_pool if pool_type is None else pool_type
+        if pool_type not in ("", "token", "avg", "max"):  # (before: the tokens came back unpooled)
+            check_global_pool(pool_type, self.cls_token is not None)
         if pool_type == "token":
             return x[:, 0]
         if pool_type in ("avg", "max") and patch_valid is not None:  # timm's NaFlex pooling: real tokens alone

@@ -35,8 +35,7 @@ from safetensors.torch import save as safetensors_bytes
 from timm.models._hub import save_config_for_hf  # (timm.models exports push_to_hf_hub, not its config writer)
 from torch import nn
 
-from ..checkpoint import checkpoint_filter_fn, inflate_image_checkpoint, unwrap_state_dict
-from ..vit import absolute_embedding
+from ..checkpoint import RECORD, checkpoint_filter_fn, inflate_image_checkpoint, unwrap_state_dict
 from .folder import atomic_write, file_kind, read_own
 
 __all__ = ["CONFIG", "ModelFolder", "check_record", "load_initial_weights", "model_record", "read_checkpoint",
@@ -44,7 +43,6 @@ __all__ = ["CONFIG", "ModelFolder", "check_record", "load_initial_weights", "mod
            "timm_config", "trained_epochs", "weights_file"]  # fmt: skip
 
 STATE_KEYS = ("model", "optimizer", "model_ema", "epoch", "rng")  # a checkpoint.pt's resume state
-RECORD = "vit_rope.record"  # the metadata key of model.safetensors (checkpoint.pt: "record")
 RECORD_FIELDS = ("model", "kind", "model_args")
 MAX_EPOCHS = 10**6  # an epoch count past this is no run's
 CONFIG, WEIGHTS = "config.json", "model.safetensors"  # a timm model folder's files
@@ -65,11 +63,8 @@ def model_kind(model: nn.Module) -> str:
     have the names and shapes of another's: RoPE's and LookHere's, say; an image model's weights inflate into the
     video model of its encoding), with an absolute embedding its pos_embed does not name (RoPE + APE's weights are
     RoPE's and a pos_embed); for any other, its class."""
-    pos_embed = getattr(model, "pos_embed_type", None)
-    if type(model).__module__.startswith("vit_rope.") and isinstance(pos_embed, str):
-        added = getattr(model, "abs_pos_embed", "none")
-        extra = f", abs_pos_embed={added}" if added != absolute_embedding(pos_embed) else ""
-        return f"vit_rope ViT, pos_embed={pos_embed}{extra}"
+    if type(model).__module__.startswith("vit_rope.") and callable(getattr(model, "weights_kind", None)):
+        return model.weights_kind()
     return f"{type(model).__module__}.{type(model).__qualname__}"
 
 
