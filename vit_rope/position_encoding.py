@@ -379,9 +379,7 @@ class RotaryEmbedding(PositionEncoding):
             raise ValueError("this family learns an encoding per model layer (depth is set): pass layer=index")
         depth = self.family.depth
         if table.per_layer and (isinstance(layer, bool) or not isinstance(layer, int) or not -depth <= layer < depth):
-            raise ValueError(
-                f"layer={layer!r}: this encoding learns {depth} layers; pass an index, 0 to {depth - 1}"
-            )
+            raise ValueError(f"layer={layer!r}: this encoding learns {depth} layers; pass an index, 0 to {depth - 1}")
         table = table.layer(layer) if table.per_layer else table
         if table.num_heads > 1 and (x.ndim < 3 or x.shape[-3] != table.num_heads):
             raise ValueError(
