@@ -31,7 +31,7 @@ def twelve(root: Path) -> Path:
 
 
 def counts(ds) -> dict[int, int]:
-    return dict(Counter(label for _, label in ds.samples))
+    return dict(Counter(ds[i][1] for i in range(len(ds))))
 
 
 def one_line_error(kind, match: str, make) -> str:
@@ -115,7 +115,7 @@ def test_samples_keep_torchvisions_order(tmp_path):
     write(train / "a" / "z.png")
     from torchvision.datasets import ImageFolder
 
-    assert D.CheckedImageFolder(str(train)).samples == ImageFolder(str(train)).samples
+    assert D.CheckedImageFolder(str(train)).image_paths() == [p for p, _ in ImageFolder(str(train)).samples]
 
 
 @pytest.mark.parametrize("case,kind,message", [
