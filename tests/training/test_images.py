@@ -41,13 +41,14 @@ def one_line_error(kind, match: str, make) -> str:
     return str(error.value)
 
 
-@pytest.mark.parametrize("target", ["..", "."])
-def test_a_link_loop_in_an_image_folder_is_refused(tmp_path, target):
-    """a/loop -> .. made torchvision's walk count the 12 images as 492 (486 labelled a, class b's among them)."""
+@pytest.mark.parametrize("link,target", [("a/loop", ".."), ("a/loop", "."), ("c", "a")])
+def test_a_link_loop_or_a_folder_linked_twice_is_refused(tmp_path, link, target):
+    """a/loop -> .. made torchvision's walk count the 12 images as 492 (486 labelled a, class b's among them); a class
+    c -> a held a's images a second time, labelled c."""
     train = twelve(tmp_path)
-    os.symlink(target, train / "a" / "loop")
+    os.symlink(target, train / link)
     message = one_line_error(ValueError, "visit it twice", lambda: D.CheckedImageFolder(str(train)))
-    assert str(train / "a" / "loop") in message and "remove the link" in message
+    assert f"{train / link}' is " in message and "remove the link" in message
 
 
 def test_a_link_loop_in_a_clip_folder_is_refused(tmp_path):

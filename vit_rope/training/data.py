@@ -521,8 +521,10 @@ def all_data(settings, dc: dict) -> Data:
 def folder_data(settings, dc: dict) -> Data:
     """``build_data`` for ``imagefolder`` and ``clipfolder``: every split numbered as the training split (torchvision
     sorts each folder's classes on its own), the class count from it (from val with eval_only and no train/), and
-    clips read from their frames at each evaluation size. Every file is opened once now (its header read), so that a
-    broken one stops the run before it starts, naming the file."""
+    clips read from their frames at each evaluation size. The folders are walked by the rules of images.py (links,
+    hidden names, one file once, in one class and one split) and every file is checked now (``check_files``), so that
+    a broken one stops the run before it starts, naming the file; so does a val/ holding fewer than two classes (its
+    accuracy would measure nothing)."""
     name, root = settings.dataset, settings.data_dir
     layout = (
         "root/train/<class>/ and root/val/<class>/"
