@@ -160,3 +160,12 @@ def test_a_16_bit_cell_is_scaled_not_clipped(tmp_path):
     image, _ = ElpvCells(str(tmp_path), train=False)[0]
     assert image.mode == "L"
     np.testing.assert_array_equal(np.asarray(image), np.round(values / 257).astype(np.uint8))
+
+
+def test_a_cell_cut_short_is_an_error_when_the_split_is_made(tmp_path):
+    """A PNG cut in half passed the split's checks (a regular file) and failed in the middle of an epoch."""
+    write_elpv(tmp_path, size=40)
+    cell = tmp_path / "images" / "cell0005.png"
+    cell.write_bytes(cell.read_bytes()[:-30])
+    with pytest.raises(ValueError, match=r"cell0005.png': it is a PNG file cut short .* install ELPV again"):
+        ElpvCells(str(tmp_path), train=True)

@@ -21,7 +21,7 @@ from pathlib import Path
 from PIL import Image
 from torch.utils.data import Dataset
 
-from .images import to_8bit
+from .images import check_image, to_8bit
 
 INSTALL = "uv run --extra elpv train.py ..."  # (PyPI's elpv-dataset, 91 MB; `pip install elpv-dataset` outside uv)
 CLASSES = ("functional", "defective 1/3", "defective 2/3", "defective")  # defect probability 0, 1/3, 2/3, 1
@@ -118,8 +118,10 @@ def split(cells: list[tuple[str, int, str]], train: bool) -> list[tuple[str, int
 
 class ElpvCells(Dataset):
     """One split of ELPV: items are (grayscale PIL image at its native size, class index), as torchvision's datasets
-    give them without a transform. Every image is checked to be a regular file when the split is made (a missing one
-    is an error now, not in the middle of an epoch); the pixels are read when an item is asked for."""
+    give them without a transform. Every image is checked when the split is made (a regular file, its header, a PNG
+    not cut short: ``images.check_image``), so that a missing or broken one is an error now, not in the middle of an
+    epoch; the pixels are read when an item is asked for, through ``images.to_8bit`` (a 16-bit cell scaled, not
+    clipped)."""
 
     classes = list(CLASSES)
 
@@ -137,6 +139,10 @@ class ElpvCells(Dataset):
                     f"{image!r}, listed in labels.csv, is missing or not a regular file; install ELPV again "
                     f"(`{INSTALL}`)"
                 )
+            try:
+                check_image(image)  # its header, a PNG not cut short: now, not in the middle of an epoch
+            except (OSError, Image.DecompressionBombError) as e:
+                raise ValueError(f"cannot read image {image!r}: {e}; install ELPV again (`{INSTALL}`)") from None
 
     def __len__(self) -> int:
         return len(self.cells)
