@@ -578,9 +578,17 @@ def folder_data(settings, dc: dict) -> Data:
     if train is not None:
         same_files(train.walk, val.walk)  # val/ a link to train/, or images linked from it
     check_files(val, val_root)
-    train_at = None if train is None else lambda s: make(train_root, s, class_to_idx, train=True)
-    return Data(train, lambda s, p: make(val_root, None if p == "naflex" else s, class_to_idx), len(class_to_idx),
-                train_at)  # fmt: skip
+    for ds in (train, val):
+        if ds is not None:
+            ds.walk = None  # (its record of every file, for the checks only)
+
+    def light(ds: Dataset) -> Dataset:
+        ds.walk = None
+        return ds
+
+    train_at = None if train is None else lambda s: light(make(train_root, s, class_to_idx, train=True))
+    return Data(train, lambda s, p: light(make(val_root, None if p == "naflex" else s, class_to_idx)),
+                len(class_to_idx), train_at)  # fmt: skip
 
 
 def check_files(ds: Dataset, root: str) -> None:

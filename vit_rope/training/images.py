@@ -133,7 +133,7 @@ class Walk:
     def __init__(self, root: str) -> None:
         self.root = root
         self.folders: dict[tuple[int, int], str] = {}  # (st_dev, st_ino) → the folder's path
-        self.files: dict[tuple[int, int], tuple[str, str]] = {}  # (st_dev, st_ino) → (the file's path, its class)
+        self.files: dict[int, str] = {}  # st_dev, st_ino (as one int: ImageNet holds 1.3 M files) → the file's path
         self.enter(root)
 
     def enter(self, path: str) -> None:
@@ -168,7 +168,12 @@ class Walk:
                 )
         return found
 
-    def inside(self, path: str, class_folder: str) -> None:
+    def inside(self, entry: os.DirEntry, class_folder: str) -> None:
+        """Refuse an entry of a class folder (or of a folder inside it) that is a link out of the class folder's
+        real path (an entry that is no link lies where its folder does: inside, by induction)."""
+        if not entry.is_symlink():
+            return
+        path = entry.path
         real, home = os.path.realpath(path), os.path.realpath(class_folder)
         if os.path.commonpath([real, home]) != home:
             raise ValueError(
@@ -186,16 +191,17 @@ class Walk:
             raise FileNotFoundError(
                 f"{path!r} is a symbolic link to nothing ({os.readlink(path)!r}); remove it or restore its target"
             ) from None
-        key = (st.st_dev, st.st_ino)
+        key = st.st_dev << 64 | st.st_ino
         if key in self.files:
-            other, other_label = self.files[key]
+            other = self.files[key]
+            other_label = os.path.relpath(other, self.root).split(os.sep)[0]
             if other_label != label:
                 raise ValueError(
                     f"{path!r} and {other!r} are one file (a hard or symbolic link) in two classes, "
                     f"{other_label!r} and {label!r}: one image with two labels; remove the one in the wrong class"
                 )
             return False
-        self.files[key] = (path, label)
+        self.files[key] = path
         return True
 
     def images(self, class_folder: str, label: str) -> list[str]:
@@ -209,10 +215,10 @@ class Walk:
             for e in self.entries(folder):
                 if e.is_dir():
                     self.enter(e.path)
-                    self.inside(e.path, class_folder)
+                    self.inside(e, class_folder)
                     visit(e.path)
                 elif is_image_name(e.name):
-                    self.inside(e.path, class_folder)
+                    self.inside(e, class_folder)
                     names.append(e.path)
             found.append((folder, names))
 
@@ -227,11 +233,11 @@ class Walk:
         for e in self.entries(class_folder):
             if e.is_dir():
                 self.enter(e.path)
-                self.inside(e.path, class_folder)
+                self.inside(e, class_folder)
                 frames = []
                 for f in self.entries(e.path):
                     if not f.is_dir() and is_image_name(f.name):
-                        self.inside(f.path, class_folder)
+                        self.inside(f, class_folder)
                         self.file(f.path, label)
                         frames.append(f.path)
                 clips.append((e.path, frames))
@@ -245,9 +251,9 @@ class Walk:
 
 def same_files(train: Walk, val: Walk) -> None:
     """Refuse a file that is in both splits (validation would test on what was trained on)."""
-    for key, (path, _) in val.files.items():
+    for key, path in val.files.items():
         if key in train.files:
             raise ValueError(
-                f"{path!r} is the same file as {train.files[key][0]!r} of the training split: validation would "
+                f"{path!r} is the same file as {train.files[key]!r} of the training split: validation would "
                 "test on training images; remove it from one split (val/ must not be, or hold, links into train/)"
             )
