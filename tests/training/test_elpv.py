@@ -169,3 +169,11 @@ def test_a_cell_cut_short_is_an_error_when_the_split_is_made(tmp_path):
     cell.write_bytes(cell.read_bytes()[:-30])
     with pytest.raises(ValueError, match=r"cell0005.png': it is a PNG file cut short .* install ELPV again"):
         ElpvCells(str(tmp_path), train=True)
+
+
+def test_labels_that_are_not_utf8_are_named(tmp_path):
+    """A labels.csv in Latin-1 gave 'error: dataset elpv in ...: 'utf-8' codec can't decode byte ...', no file named."""
+    write_elpv(tmp_path)
+    (tmp_path / "labels.csv").write_bytes("images/cell0001.png 0.0 mono # défaut\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"labels.csv' is not UTF-8 text \(invalid continuation byte at byte 32\)"):
+        read_labels(str(tmp_path))

@@ -221,3 +221,15 @@ def test_palette_and_cmyk_images_are_read_as_rgb():
     palette.info["transparency"] = 0
     assert np.asarray(to_rgb(palette))[0, 0].tolist() == [10, 20, 30]
     assert to_rgb(Image.new("CMYK", (2, 2), (0, 255, 0, 0))).getpixel((0, 0)) == (255, 0, 255)
+
+
+def test_one_frame_in_clips_of_two_classes_is_refused_and_may_repeat_in_one(tmp_path):
+    """A still scene repeats a frame (hard links, as deduplicating tools leave them): fine within a class; a frame of
+    class a hard-linked into a clip of class b is one image with two labels."""
+    for c in "ab":
+        write(tmp_path / c / "clip0" / "0.png")
+    os.link(tmp_path / "a" / "clip0" / "0.png", tmp_path / "a" / "clip0" / "1.png")
+    assert len(D.ClipFolder(str(tmp_path), 8, 2, (0.5,) * 3, (0.5,) * 3).image_paths()) == 3
+    os.link(tmp_path / "a" / "clip0" / "0.png", tmp_path / "b" / "clip0" / "1.png")
+    one_line_error(ValueError, r"b/clip0/1.png' and .*a/clip0/0.png' are one file .* in two classes",
+                   lambda: D.ClipFolder(str(tmp_path), 8, 2, (0.5,) * 3, (0.5,) * 3))  # fmt: skip

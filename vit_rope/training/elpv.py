@@ -76,29 +76,33 @@ def read_labels(folder: str) -> list[tuple[str, int, str]]:
     path = os.path.join(folder, "labels.csv")
     cells, lines = [], {}
     with open(path, encoding="utf-8-sig") as f:  # (a byte-order mark, as Windows editors write, is no part of line 1)
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            fields = line.split()
-            where = f"{path!r} line {number} ({line.strip()[:80]!r})"
-            if len(fields) != 3:
-                raise ValueError(f"{where} has {len(fields)} fields, not 3 (image, defect probability, type)")
-            name, probability, kind = fields
-            if not _PATH.fullmatch(name):
-                raise ValueError(f"{where}: the image must be a .png inside images/, such as images/cell0001.png")
-            try:
-                level = float(probability) * (len(CLASSES) - 1)
-            except ValueError:
-                level = -1.0
-            if not (0 <= level <= len(CLASSES) - 1 and abs(level - round(level)) < 1e-3):
-                raise ValueError(f"{where}: the defect probability must be 0, 1/3, 2/3 or 1")
-            if kind not in TYPES:
-                raise ValueError(f"{where}: the type must be one of {TYPES}")
-            if name in lines:
-                raise ValueError(f"{where} lists {name} again (line {lines[name]}): one image would count twice, "
-                                 "perhaps with two labels; keep one line of it")  # fmt: skip
-            lines[name] = number
-            cells.append((name, round(level), kind))
+        try:
+            text = f.read()
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{path!r} is not UTF-8 text ({e.reason} at byte {e.start}); save it as UTF-8") from None
+    for number, line in enumerate(text.split("\n"), 1):  # (read with universal newlines: CRLF is LF)
+        if not line.strip():
+            continue
+        fields = line.split()
+        where = f"{path!r} line {number} ({line.strip()[:80]!r})"
+        if len(fields) != 3:
+            raise ValueError(f"{where} has {len(fields)} fields, not 3 (image, defect probability, type)")
+        name, probability, kind = fields
+        if not _PATH.fullmatch(name):
+            raise ValueError(f"{where}: the image must be a .png inside images/, such as images/cell0001.png")
+        try:
+            level = float(probability) * (len(CLASSES) - 1)
+        except ValueError:
+            level = -1.0
+        if not (0 <= level <= len(CLASSES) - 1 and abs(level - round(level)) < 1e-3):
+            raise ValueError(f"{where}: the defect probability must be 0, 1/3, 2/3 or 1")
+        if kind not in TYPES:
+            raise ValueError(f"{where}: the type must be one of {TYPES}")
+        if name in lines:
+            raise ValueError(f"{where} lists {name} again (line {lines[name]}): one image would count twice, "
+                             "perhaps with two labels; keep one line of it")  # fmt: skip
+        lines[name] = number
+        cells.append((name, round(level), kind))
     if not cells:
         raise ValueError(f"{path!r} lists no cells")
     return cells
