@@ -114,3 +114,57 @@ def test_augmentation_the_data_cannot_take_is_one_line_before_the_run(args, mess
         train.main([*EPOCH, *args, "--output", str(tmp_path / "out")])
     one_line(stop)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_link_loop_in_the_training_folder_is_one_line_before_the_run(tmp_path):
+    """Issue 41: train/class0/loop -> .. trained silently on 40 times the images, most labelled class0."""
+    make_imagefolder(tmp_path / "data", classes=2, per_class=2)
+    os.symlink("..", tmp_path / "data" / "train" / "class0" / "loop")
+    with pytest.raises(SystemExit, match=r"class0/loop' is .*train' again .* remove the link") as stop:
+        train.main(run_on(tmp_path / "data", tmp_path))
+    one_line(stop)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("dataset", ["imagefolder", "clipfolder"])
+def test_a_validation_split_of_one_class_is_one_line_before_the_run(tmp_path, dataset):
+    """val/ with class a only (train/ has a and b) reported top-5 100.0 (and top-1 100.0 for a model that always says
+    a): an accuracy that measures nothing. A val/ lacking some class but holding two or more is still evaluated (the
+    training split's numbering: tests/test_train.py's test_folder_splits_use_the_training_class_indices)."""
+    make_folder(tmp_path / "data", dict(train="ab", val="a"), clips=dataset == "clipfolder")
+    args = run_on(tmp_path / "data", tmp_path, dataset=dataset)
+    if dataset == "clipfolder":
+        args = [*args, "--models", "vit_rope3d_tiny"]
+    with pytest.raises(SystemExit, match=r"val' holds images of only 1 class \(\['a'\]\) of the 2 classes") as stop:
+        train.main(args)
+    assert "add images of the other classes to val/" in one_line(stop)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("link", ["split", "image"])
+def test_an_image_in_both_splits_is_one_line_before_the_run(tmp_path, link):
+    """val -> train (or a val image hard-linked from train/) validated on the training images, silently."""
+    make_imagefolder(tmp_path / "data", classes=2, per_class=2)
+    data = tmp_path / "data"
+    if link == "split":
+        for image in (data / "val").rglob("*.png"):
+            image.unlink()
+        for folder in (data / "val").iterdir():
+            folder.rmdir()
+        (data / "val").rmdir()
+        os.symlink("train", data / "val")
+    else:
+        victim = sorted((data / "val" / "class1").iterdir())[0]
+        victim.unlink()
+        os.link(sorted((data / "train" / "class1").iterdir())[0], victim)
+    with pytest.raises(SystemExit, match=r"is the same file as .*train/class\d/\d+.png' of the training split") as stop:
+        train.main(run_on(data, tmp_path))
+    one_line(stop)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_data_dir_that_is_a_file_is_named_as_one(tmp_path):
+    (tmp_path / "data").write_text("not a folder")
+    with pytest.raises(SystemExit, match=r"data' is a file, not a folder; imagefolder needs") as stop:
+        train.main(run_on(tmp_path / "data", tmp_path))
+    one_line(stop)

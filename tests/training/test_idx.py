@@ -11,6 +11,7 @@ import torch
 
 import train
 from vit_rope.training import data as D
+from vit_rope.training import idx
 from vit_rope.training.idx import IdxImages, read_idx
 
 
@@ -96,3 +97,63 @@ def test_the_installed_fashion_mnist_reads_in_place():
     test = IdxImages(str(FASHION), False, ["class"] * 10)
     assert len(test) == 10_000 and test.images.shape == (10_000, 28, 28)
     assert sorted(set(test.labels.tolist())) == list(range(10))
+
+
+def test_a_header_promising_more_than_the_limit_is_refused_before_the_data_is_read(tmp_path, monkeypatch):
+    """A 2.9 MB .gz whose header promised 3 GB was inflated whole (6.6 GB at peak) before it was refused: the header
+    is read first, a promise above idx.MAX_BYTES refused with nothing more inflated."""
+    header = bytes([0, 0, 0x08, 3]) + struct.pack(">III", 60_000, 28, 28)
+    (tmp_path / "bomb.gz").write_bytes(gzip.compress(header + bytes(1000)))
+    monkeypatch.setattr(idx, "MAX_BYTES", 47_040_000 - 1)  # 60000 x 28 x 28: refused one byte below
+    asked = []
+    read = gzip.GzipFile.read
+    monkeypatch.setattr(gzip.GzipFile, "read", lambda self, n=-1: asked.append(n) or read(self, n))
+    with pytest.raises(ValueError, match=r"bomb.gz' promises 47040000 bytes of data \(shape \(60000, 28, 28\)\), more "
+                       r"than the 47039999 bytes"):  # fmt: skip
+        read_idx(str(tmp_path / "bomb.gz"))
+    assert asked == [4, 12]  # the magic number and the three dimensions, nothing else
+    monkeypatch.undo()  # the limit itself, 2 GiB: 4 GiB promised by an uncompressed file is refused
+    big = bytes([0, 0, 0x0C, 2]) + struct.pack(">II", 2**16, 2**14)  # 4 GiB of int32 promised
+    (tmp_path / "big").write_bytes(big)
+    with pytest.raises(ValueError, match="promises 4294967296 bytes"):
+        read_idx(str(tmp_path / "big"))
+
+
+@pytest.mark.parametrize("suffix", ["", ".gz"])
+def test_an_idx_file_longer_than_its_header_says_is_named_so(tmp_path, suffix):
+    images = np.zeros((2, 4, 4), np.uint8)
+    write_idx(tmp_path / "ok", images)
+    path = tmp_path / f"long{suffix}"
+    payload = (tmp_path / "ok").read_bytes() + b"more"
+    path.write_bytes(gzip.compress(payload) if suffix else payload)
+    with pytest.raises(ValueError, match=r"is longer than its header says \(32 bytes of data, shape \(2, 4, 4\)\)"):
+        read_idx(str(path))
+
+
+def split_files(root: Path, images: np.ndarray, labels: np.ndarray | None = None) -> None:
+    write_idx(root / "train-images-idx3-ubyte.gz", images)
+    write_idx(root / "train-labels-idx1-ubyte.gz", np.zeros(len(images), np.uint8) if labels is None else labels)
+
+
+@pytest.mark.parametrize("images,pixels", [
+    (np.array([[[0, 100], [255, 7]]], np.int32), [[0, 100], [255, 7]]),  # integers in 0..255: as they are
+    (np.array([[[0.0, 0.5], [1.0, 0.2]]], np.float32), [[0, 128], [255, 51]]),  # floats in [0, 1]: x 255
+])  # fmt: skip
+def test_idx_images_of_another_type_reach_the_model_in_range(tmp_path, images, pixels):
+    """PIL's convert clipped an int32 or float IDX image silently (floats of 0.5 became 0, black)."""
+    split_files(tmp_path, images)
+    image, _ = IdxImages(str(tmp_path), True, [str(i) for i in range(10)])[0]
+    assert image.mode == "L" and np.asarray(image).tolist() == pixels
+
+
+@pytest.mark.parametrize("images,message", [
+    (np.array([[[0, 1000]]], np.int32), "int32 pixels from 0 to 1000: integer IDX images are read as 8-bit"),
+    (np.array([[[-5, 0]]], np.int32), "int32 pixels from -5 to 0"),
+    (np.array([[[0.0, 2.0]]], np.float32), r"float32 pixels with values from 0 to 2: .* values in \[0, 1\]"),
+    (np.array([[[np.inf, 0.0]]], np.float32), "float32 pixels with values that are not finite"),
+    (np.zeros((0, 4, 4), np.uint8), r"holds no images \(its header says 0\)"),
+])  # fmt: skip
+def test_idx_images_out_of_range_or_none_are_refused_when_read(tmp_path, images, message):
+    split_files(tmp_path, images)
+    with pytest.raises(ValueError, match=f"train-images-idx3-ubyte.gz' (holds )?{message}"):
+        IdxImages(str(tmp_path), True, [str(i) for i in range(10)])

@@ -17,7 +17,6 @@ evaluation) size and ``num_frames`` frames are sampled evenly.
 
 import math
 import os
-import stat
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import NamedTuple
@@ -29,11 +28,11 @@ from PIL import Image
 from timm.data import create_transform
 from torch import Tensor
 from torch.utils.data import Dataset
-from torchvision.datasets import ImageFolder
 from tqdm import tqdm
 
 from .elpv import ElpvCells, elpv_folder
 from .idx import IdxImages, idx_files
+from .images import IMAGE_EXTENSIONS, Walk, check_image, load_rgb, same_files, to_rgb
 
 IMAGE_DATASETS = ("synthetic", "cifar10", "cifar100", "mnist", "fashion_mnist", "elpv", "imagefolder")
 VIDEO_DATASETS = ("synthetic_video", "clipfolder")
@@ -178,10 +177,9 @@ class SyntheticMotion(Dataset):
 
 
 def class_folders(root: str) -> dict[str, int]:
-    """The class → index map of a ``root/<class>/...`` folder: its class folders sorted by name (torchvision's rule)."""
-    from torchvision.datasets.folder import find_classes
-
-    return find_classes(root)[1]
+    """The class → index map of a ``root/<class>/...`` folder: its class folders (not hidden) sorted by name
+    (torchvision's rule)."""
+    return {c: i for i, c in enumerate(Walk(root).classes())}
 
 
 def restrict_classes(root: str, present: Sequence[str], class_to_idx: dict[str, int]) -> dict[str, int]:
@@ -199,10 +197,12 @@ def restrict_classes(root: str, present: Sequence[str], class_to_idx: dict[str, 
 class ClipFolder(Dataset):
     """``root/<class>/<clip>/<frames>`` → normalised clips (C, T, H, W); ``T`` frames sampled evenly.
 
-    ``class_to_idx`` (the training split's) numbers the classes of another split the same way; ``classes`` is then
-    the training split's list, so ``len(classes)`` is the model's class count."""
+    The folders are walked once, when the dataset is made, by the rules of vit_rope/training/images.py (hidden names
+    skipped, links followed but no folder twice, a frame labelled by the class it really lies in); a clip without
+    frames is an error then. ``class_to_idx`` (the training split's) numbers the classes of another split the same
+    way; ``classes`` is then the training split's list, so ``len(classes)`` is the model's class count."""
 
-    EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
+    EXTENSIONS = IMAGE_EXTENSIONS
 
     def __init__(
         self,
@@ -215,18 +215,25 @@ class ClipFolder(Dataset):
     ) -> None:
         if not os.path.isdir(root):
             raise FileNotFoundError(f"clip folder {root!r} does not exist; expected root/<class>/<clip>/<frames>")
-        present = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
+        self.walk = Walk(root)
+        present = self.walk.classes()
         if class_to_idx is None:
             class_to_idx = {c: i for i, c in enumerate(present)}
         mapped = restrict_classes(root, present, class_to_idx)
         self.class_to_idx = dict(class_to_idx)
         self.classes = sorted(class_to_idx, key=class_to_idx.__getitem__)
-        self.samples = []
+        self.samples, self.clip_frames = [], []
         for c in present:
-            clips = sorted(d for d in os.listdir(os.path.join(root, c)) if os.path.isdir(os.path.join(root, c, d)))
+            clips = self.walk.clips(os.path.join(root, c), c)
             if not clips:
                 raise ValueError(f"class folder {os.path.join(root, c)!r} has no clips; remove it or add clips")
-            self.samples += [(os.path.join(root, c, clip), mapped[c]) for clip in clips]
+            for path, frames in clips:
+                if not frames:
+                    raise ValueError(
+                        f"clip {path!r} has no frames ({', '.join(self.EXTENSIONS)}); add them or remove it"
+                    )
+                self.samples.append((path, mapped[c]))
+                self.clip_frames.append(frames)
         if not self.samples:
             raise ValueError(f"{root!r} has no class folders with clips")
         self.img_size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
@@ -236,32 +243,20 @@ class ClipFolder(Dataset):
     def __len__(self):
         return len(self.samples)
 
-    def frames(self, path: str) -> list[str]:
-        """A clip's frame files, in the order of their sorted names."""
-        return sorted(f for f in os.listdir(path) if f.lower().endswith(self.EXTENSIONS))
-
     def image_paths(self) -> list[str]:
-        """Every frame of every clip; a clip without frames is an error now, not in the middle of an epoch."""
-        paths = []
-        for path, _ in self.samples:
-            frames = self.frames(path)
-            if not frames:
-                raise ValueError(f"clip {path!r} has no frames ({', '.join(self.EXTENSIONS)}); add them or remove it")
-            paths += [os.path.join(path, f) for f in frames]
-        return paths
+        """Every frame of every clip."""
+        return [p for frames in self.clip_frames for p in frames]
 
     def __getitem__(self, index):
         path, label = self.samples[index]
-        frames = self.frames(path)
-        if not frames:
-            raise DataError(f"clip {path!r} has no frames ({', '.join(self.EXTENSIONS)}); add them or remove it")
+        frames = self.clip_frames[index]
         pick = torch.linspace(0, len(frames) - 1, self.num_frames).round().long().tolist()
         out = []
         for i in pick:
             try:
-                img = Image.open(os.path.join(path, frames[i])).convert("RGB")
-            except (OSError, Image.DecompressionBombError) as e:
-                raise DataError(f"cannot read frame {os.path.join(path, frames[i])!r}: {e}") from None
+                img = load_rgb(frames[i])
+            except (OSError, ValueError, Image.DecompressionBombError) as e:
+                raise DataError(f"cannot read frame {frames[i]!r}: {e}") from None
             t = torch.from_numpy(np.asarray(img).copy()).permute(2, 0, 1).float() / 255
             out.append(
                 F.interpolate(t[None], size=self.img_size, mode="bilinear", antialias=True, align_corners=False)[0]
@@ -270,56 +265,54 @@ class ClipFolder(Dataset):
         return (clip - self.mean) / self.std, label
 
 
-class _NumberedImageFolder(ImageFolder):
-    """ImageFolder whose classes are numbered by a given map (at module level, so that DataLoader workers started
-    by spawning, as on macOS and Windows, can pickle it)."""
-
-    def __init__(self, root: str, transform: Callable | None, class_to_idx: dict[str, int] | None) -> None:
-        self.given = class_to_idx  # read by find_classes, which ImageFolder's constructor calls
-        super().__init__(root, transform=transform)
-
-    def find_classes(self, directory: str) -> tuple[list[str], dict[str, int]]:
-        # torchvision's documented hook: this split's folders, numbered as in the training split
-        present, own = super().find_classes(directory)
-        return present, (own if self.given is None else restrict_classes(directory, present, self.given))
-
-
 class CheckedImageFolder(Dataset):
-    """torchvision's ImageFolder with one clear error for empty class folders and unreadable images.
+    """``root/<class>/<images>`` as (image, class index) items, torchvision ImageFolder's classes, extensions and
+    order, walked by the rules of vit_rope/training/images.py (hidden names skipped, links followed but no folder
+    visited twice, no file counted twice, an image labelled by the class folder it really lies in): a folder that
+    breaks them, an empty class folder, is one clear error when the dataset is made. Images are read through
+    ``to_rgb`` (16-bit and float images scaled, never clipped).
 
-    ImageFolder numbers each folder's classes on its own; ``class_to_idx`` (the training split's) makes another
-    split use the same indices (a class training never saw is an error), and ``classes`` then is the training
-    split's list, so ``len(classes)`` is the model's class count."""
+    ``class_to_idx`` (the training split's) makes another split use the same indices (a class training never saw is
+    an error), and ``classes`` then is the training split's list, so ``len(classes)`` is the model's class count."""
 
     def __init__(
         self, root: str, transform: Callable | None = None, class_to_idx: dict[str, int] | None = None
     ) -> None:
-        from torchvision.datasets.folder import IMG_EXTENSIONS
-
         if not os.path.isdir(root):
             raise FileNotFoundError(f"image folder {root!r} does not exist; expected root/<class>/<images>")
-        for c in sorted(os.listdir(root)):
+        self.walk = Walk(root)
+        present = self.walk.classes()
+        if not present:
+            raise FileNotFoundError(f"{root!r} has no class folders; expected root/<class>/<images>")
+        if class_to_idx is None:
+            class_to_idx = {c: i for i, c in enumerate(present)}
+        mapped = restrict_classes(root, present, class_to_idx)
+        self.samples: list[tuple[str, int]] = []
+        for c in present:
             d = os.path.join(root, c)
-            if os.path.isdir(d) and not any(f.lower().endswith(IMG_EXTENSIONS) for f in os.listdir(d)):
+            images = self.walk.images(d, c)
+            if not images:
                 raise ValueError(
-                    f"class folder {d!r} has no images ({', '.join(IMG_EXTENSIONS)}); add some or remove it"
+                    f"class folder {d!r} has no images ({', '.join(IMAGE_EXTENSIONS)}); add some or remove it"
                 )
-        self.inner = _NumberedImageFolder(root, transform=transform, class_to_idx=class_to_idx)
-        self.class_to_idx = dict(self.inner.class_to_idx if class_to_idx is None else class_to_idx)
+            self.samples += [(p, mapped[c]) for p in images]
+        self.transform = transform
+        self.class_to_idx = dict(class_to_idx)
         self.classes = sorted(self.class_to_idx, key=self.class_to_idx.__getitem__)
 
     def __len__(self) -> int:
-        return len(self.inner)
+        return len(self.samples)
 
     def image_paths(self) -> list[str]:
-        return [path for path, _ in self.inner.samples]
+        return [path for path, _ in self.samples]
 
     def __getitem__(self, index: int):
-        path = self.inner.samples[index][0]
+        path, label = self.samples[index]
         try:
-            return self.inner[index]
-        except (OSError, Image.DecompressionBombError) as e:  # PIL's UnidentifiedImageError is an OSError
+            img = load_rgb(path)
+        except (OSError, ValueError, Image.DecompressionBombError) as e:  # UnidentifiedImageError is an OSError
             raise DataError(f"cannot read image {path!r}: {e}; delete or replace the file") from None
+        return (img if self.transform is None else self.transform(img)), label
 
 
 def torchvision_dataset(name: str, root: str, train: bool) -> Dataset:
@@ -357,7 +350,7 @@ class Transformed(Dataset):
 
     def __getitem__(self, index: int):
         img, label = self.ds[index]
-        img = img.convert("RGB")
+        img = to_rgb(img)
         return (img if self.transform is None else self.transform(img)), label
 
 
@@ -528,14 +521,19 @@ def all_data(settings, dc: dict) -> Data:
 def folder_data(settings, dc: dict) -> Data:
     """``build_data`` for ``imagefolder`` and ``clipfolder``: every split numbered as the training split (torchvision
     sorts each folder's classes on its own), the class count from it (from val with eval_only and no train/), and
-    clips read from their frames at each evaluation size. Every file is opened once now (its header read), so that a
-    broken one stops the run before it starts, naming the file."""
+    clips read from their frames at each evaluation size. The folders are walked by the rules of images.py (links,
+    hidden names, one file once, in one class and one split) and every file is checked now (``check_files``), so that
+    a broken one stops the run before it starts, naming the file; so does a val/ holding fewer than two classes (its
+    accuracy would measure nothing)."""
     name, root = settings.dataset, settings.data_dir
     layout = (
         "root/train/<class>/ and root/val/<class>/"
         if name == "imagefolder"
         else "root/{train,val}/<class>/<clip>/<frames>"
     )
+    if not os.path.isdir(root):
+        what = "a file" if os.path.exists(root) else "missing"
+        raise FileNotFoundError(f"{root!r} is {what}, not a folder; {name} needs {layout} there")
     train_root, val_root = os.path.join(root, "train"), os.path.join(root, "val")
     for split in (train_root, val_root):
         if not os.path.isdir(split) and not (split == train_root and not reads_training_images(settings)):
@@ -569,22 +567,37 @@ def folder_data(settings, dc: dict) -> Data:
             f"two, one folder each in {name}'s {layout}"
         )
     val = make(val_root, settings.img_size, class_to_idx)  # a val class training never saw is an error now
+    present = sorted({label for _, label in val.samples})
+    if len(present) < 2:  # its accuracy would be the share of one answer: 100% for a model that always gives it
+        names = sorted(class_to_idx, key=class_to_idx.__getitem__)
+        raise ValueError(
+            f"{val_root!r} holds images of only {len(present)} class ({[names[i] for i in present]}) of the "
+            f"{len(names)} classes {names}: its accuracy would measure nothing (a model that always answers that "
+            "class scores 100%); add images of the other classes to val/"
+        )
+    if train is not None:
+        same_files(train.walk, val.walk)  # val/ a link to train/, or images linked from it
     check_files(val, val_root)
-    train_at = None if train is None else lambda s: make(train_root, s, class_to_idx, train=True)
-    return Data(train, lambda s, p: make(val_root, None if p == "naflex" else s, class_to_idx), len(class_to_idx),
-                train_at)  # fmt: skip
+    for ds in (train, val):
+        if ds is not None:
+            ds.walk = None  # (its record of every file, for the checks only)
+
+    def light(ds: Dataset) -> Dataset:
+        ds.walk = None
+        return ds
+
+    train_at = None if train is None else lambda s: light(make(train_root, s, class_to_idx, train=True))
+    return Data(train, lambda s, p: light(make(val_root, None if p == "naflex" else s, class_to_idx)),
+                len(class_to_idx), train_at)  # fmt: skip
 
 
 def check_files(ds: Dataset, root: str) -> None:
-    """Open every image (every frame of every clip) of a folder dataset and read its header: one broken file stops
-    the run before it starts, naming the file, rather than in the middle of an epoch."""
+    """Check every image (every frame of every clip) of a folder dataset with ``images.check_image`` (a regular
+    file, its header, a PNG or JPEG not cut short, a 16-bit or float image's values): one broken file stops the run
+    before it starts, naming the file, rather than in the middle of an epoch."""
     paths = ds.image_paths()
     for path in tqdm(paths, desc=f"checking {root}", disable=None, leave=False):
         try:
-            mode = os.stat(path).st_mode
-            if not stat.S_ISREG(mode):  # a FIFO would block the read, a device never end it
-                raise OSError(f"it is not a regular file (mode {stat.filemode(mode)})")
-            with Image.open(path) as img:
-                img.size  # noqa: B018 (the header is read here)
+            check_image(path)
         except (OSError, Image.DecompressionBombError) as e:  # PIL's UnidentifiedImageError is an OSError
             raise ValueError(f"cannot read image {path!r}: {e}; delete or replace the file") from None
