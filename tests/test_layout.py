@@ -32,6 +32,46 @@ def test_every_library_module_imports_with_the_harness_blocked():
     assert harness.returncode != 0  # (the block has teeth)
 
 
+def package_imports() -> dict[str, set[str]]:
+    """Module → the package's modules it imports (anywhere in it: at the top or inside a function)."""
+    modules = {}
+    for path in (ROOT / "vit_rope").rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+                module = ".".join(base + ([node.module] if node.module else []))
+                found |= {f"{module}.{a.name}" if f"{module}.{a.name}" in modules else module for a in node.names}
+            elif isinstance(node, ast.Import):
+                found |= {a.name for a in node.names}
+        graph[name] = {m for m in found if m in modules and m != name}
+    return graph
+
+
+def test_no_circle_of_imports_in_the_package():
+    """No module imports one that imports it back, directly or round a circle (a lazy import inside a function
+    counts too: it is a circle all the same, only hidden)."""
+    graph = package_imports()
+    assert {"vit_rope.vit", "vit_rope.training.data"} <= graph.keys() and graph["vit_rope.vit"]
+    circles = []
+
+    def walk(start: str, path: list[str]) -> None:
+        for nxt in sorted(graph[path[-1]]):
+            if nxt == start:
+                circles.append(" -> ".join([*path, start]))
+            elif nxt > start and nxt not in path:  # each circle once, from its smallest module
+                walk(start, [*path, nxt])
+
+    for start in sorted(graph):
+        walk(start, [start])
+    assert not circles, f"circles of imports: {circles[:5]}"
+
+
 def functions(path: Path):
     """(class or '', function node) of every function in a file."""
     tree = ast.parse(path.read_text())

@@ -8,6 +8,7 @@ ablation. A bias (LookHere, PaPE) takes ``"qk"`` alone.
 """
 
 import torch
+from einops import rearrange
 from timm.layers._fx import register_notrace_module
 from torch import Tensor, nn
 
@@ -56,8 +57,7 @@ class Attention(nn.Module):
     def forward(self, x: Tensor, table: Table) -> Tensor:
         if table.per_layer:
             raise ValueError("attention takes the table of one layer: pick it with table.layer(i)")
-        B, N, C = x.shape
         dropout = self.attn_drop if self.training else 0.0
-        x = table.attend(x, self.qkv, self.num_heads, self.rope_targets, dropout)  # (B, heads, N, head_dim)
-        x = x.transpose(1, 2).reshape(B, N, C)
+        x = table.attend(x, self.qkv, self.num_heads, self.rope_targets, dropout)
+        x = rearrange(x, "b h n d -> b n (h d)")
         return self.proj_drop(self.proj(x))

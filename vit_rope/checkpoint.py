@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
+from einops import rearrange
 from timm.layers import resample_abs_pos_embed, resample_patch_embed
 from timm.models import adapt_input_conv
 from torch import Tensor, nn
@@ -86,9 +87,9 @@ def resample_grid_embed(pos_embed: Tensor, grid: Sequence[int], ref_grid: Sequen
     if len(grid) == 2:
         return resample_abs_pos_embed(pos_embed, list(grid), list(ref_grid), num_prefix_tokens=0, antialias=False)
     C = pos_embed.shape[-1]
-    pe = pos_embed.reshape(1, *ref_grid, C).movedim(-1, 1).float()
+    pe = rearrange(pos_embed.reshape(1, *ref_grid, C), "1 ... c -> 1 c ...").float()
     pe = F.interpolate(pe, size=tuple(grid), mode="trilinear", align_corners=False)
-    return pe.movedim(1, -1).reshape(1, -1, C).to(pos_embed.dtype)
+    return rearrange(pe, "1 c ... -> 1 (...) c").to(pos_embed.dtype)
 
 
 def checkpoint_prefix_slots(state_dict: dict[str, Tensor]) -> tuple[int, ...]:

@@ -35,6 +35,7 @@ import os
 from contextlib import nullcontext
 
 import torch
+from einops import rearrange
 from torch import Tensor
 
 try:
@@ -315,8 +316,7 @@ def turn_qkv(qkv: Tensor, heads: int, targets: str, *, cos=None, sin=None, layou
     (letters of "qkv") turned by a table's pairs ``cos, sin ([B,] [heads | 1,] N, dim // 2)`` or its ``blocks ([B,]
     [heads | 1,] N, count, b, b)``; in the projection's layout, as attention gets them without a rotation (a new
     tensor, so the projection's gradient is written in one pass)."""
-    B, N, _ = qkv.shape
-    x = qkv.view(B, N, 3, heads, -1).permute(2, 0, 3, 1, 4)  # (3, B, heads, N, dim): a view of qkv's layout
+    x = rearrange(qkv, "b n (three h d) -> three b h n d", three=3, h=heads)  # a view of the projection
     turned = sum(1 << i for i, c in enumerate("qkv") if c in targets)
     return _turn(x, turned, False, cos, sin, layout, blocks).unbind(0)
 

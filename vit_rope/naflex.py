@@ -18,6 +18,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+from einops import rearrange
 from timm.layers import build_sincos2d_pos_embed
 from timm.layers._fx import register_notrace_function
 from torch import Tensor, nn
@@ -98,7 +99,7 @@ def sample_grids(coord: Tensor, valid: Tensor) -> Tensor:
 def embed_patches(patches: Tensor, proj: nn.Conv2d | nn.Conv3d) -> Tensor:
     """Flat patches ``(B, N, P·P·C)`` → tokens ``(B, N, D)`` through a patch embedding's convolution, as a linear map
     (its weight's channels moved last to match the patches' pixel order): the same as the convolution of the image."""
-    weight = proj.weight.movedim(1, -1).flatten(1)  # (D, C, *P) → (D, P·P·C)
+    weight = rearrange(proj.weight, "d c ... -> d (... c)")  # (D, C, *P) → (D, P·P·C)
     return F.linear(patches.to(weight.dtype), weight, proj.bias)
 
 

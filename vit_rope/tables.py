@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
+from einops import rearrange
 from torch import Tensor, nn
 
 from .kernels import outside_autocast, pape_extend, pape_qkv, turn_back, turn_qkv
@@ -46,10 +47,12 @@ __all__ = [
 ]
 
 
+QKV_HEADS = "b n (three h d) -> three b h n d"  # a qkv projection's columns: q's heads, then k's, then v's
+
+
 def split_heads(qkv: Tensor, heads: int) -> tuple[Tensor, Tensor, Tensor]:
-    """A qkv projection ``(B, N, 3 · heads · dim)`` → q, k, v ``(B, heads, N, dim)`` each."""
-    B, N, _ = qkv.shape
-    q, k, v = qkv.view(B, N, 3, heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+    """A qkv projection ``(B, N, 3 · heads · dim)`` → q, k, v ``(B, heads, N, dim)`` each (views)."""
+    q, k, v = rearrange(qkv, QKV_HEADS, three=3, h=heads).unbind(0)
     return q, k, v
 
 
@@ -57,10 +60,10 @@ def fold_basis(weight: Tensor, bias: Tensor | None, fold: Tensor, heads: int) ->
     """A qkv projection's weight and bias with q's and k's rows turned by their basis: ``P W_q``, ``P W_k`` (since
     ``<Pᵀ R P q, Pᵀ R P k> = <R P q, R P k>``), v's kept; ``fold (3, heads | 1, dim, dim)`` is a table's ``fold``
     (P, P and the identity), so that one product folds all three, the bias with them as one more column."""
-    w = weight.unflatten(0, (3, heads, -1))  # (3, heads, dim, C)
+    w = rearrange(weight, "(three h d) c -> three h d c", three=3, h=heads)
     if bias is not None:
-        w = torch.cat((w, bias.view(3, heads, -1, 1)), dim=-1)  # (3, heads, dim, C + 1)
-    folded = torch.matmul(fold.to(w.dtype), w).flatten(0, 2)  # (3 · heads · dim, C [+ 1])
+        w = torch.cat((w, rearrange(bias, "(three h d) -> three h d 1", three=3, h=heads)), dim=-1)  # a column more
+    folded = rearrange(torch.matmul(fold.to(w.dtype), w), "three h d c -> (three h d) c")
     return (folded, None) if bias is None else (folded[:, :-1], folded[:, -1])
 
 
@@ -506,9 +509,8 @@ class ParabolicBias(Table):
         fused attention takes one head dim for q, k and v (docs/speed.md)."""
         projected = qkv(x)
         if self.fused:  # one kernel: q, k, v split off the projection, the columns appended (kernels.py)
-            B, N, _ = projected.shape
-            x5 = projected.view(B, N, 3, heads, -1).permute(2, 0, 3, 1, 4)  # (3, B, heads, N, dim)
-            coords = self.coords.expand(B, *self.coords.shape[-2:])
+            x5 = rearrange(projected, QKV_HEADS, three=3, h=heads)  # a view of the projection
+            coords = self.coords.expand(x5.shape[1], *self.coords.shape[-2:])
             q, k, v = pape_qkv(x5, coords, self.curvature, self.gain, self.outer, self.num_prefix).unbind(0)
             dim, dtype = x5.shape[-1], projected.dtype
         else:

@@ -15,9 +15,10 @@ from dataclasses import replace
 from typing import Any
 
 import torch
+from einops import rearrange
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import to_2tuple
-from timm.layers._fx import register_notrace_function
+from timm.layers._fx import register_notrace_function, register_notrace_module
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models._builder import resolve_pretrained_cfg
 from torch import Tensor, nn
@@ -57,6 +58,7 @@ def check_video_input(x: Tensor, in_chans: int, tubelet: int, patch_size: Any, w
         )
 
 
+@register_notrace_module  # a leaf for torch.fx: einops reads the clip's shape, which fx's proxies do not have
 class TubeletEmbed(nn.Module):
     """Non-overlapping ``tubelet × patch × patch`` Conv3d; output channels-last ``(B, T', H', W', C)``. It checks its
     clips itself (torch.fx wraps a check as a leaf only where a module's forward calls it)."""
@@ -92,7 +94,7 @@ class TubeletEmbed(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         check_video_input(x, self.proj.in_channels, self.tubelet_size, self.patch_size, self.proj.weight)
-        return self.proj(x).permute(0, 2, 3, 4, 1)
+        return rearrange(self.proj(x), "b c t h w -> b t h w c")
 
 
 class VideoVisionTransformer(VisionTransformer):

@@ -28,6 +28,7 @@ from functools import partial
 from typing import Any
 
 import torch
+from einops import rearrange
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import DropPath, LayerScale, Mlp, PatchEmbed, build_sincos2d_pos_embed, trunc_normal_
 from timm.layers._fx import register_notrace_function
@@ -535,7 +536,7 @@ class VisionTransformer(nn.Module):
         prefix = [y[:, : self.num_prefix_tokens] for y in intermediates]
         spatial = [y[:, self.num_prefix_tokens :] for y in intermediates]
         if output_fmt == "NCHW":  # (B, N, C) → (B, C, *grid)
-            spatial = [y.reshape(y.shape[0], *grid, -1).movedim(-1, 1).contiguous() for y in spatial]
+            spatial = [rearrange(y.reshape(y.shape[0], *grid, -1), "b ... c -> b c ...").contiguous() for y in spatial]
         if return_prefix_tokens:
             spatial = list(zip(spatial, prefix, strict=True))
         if intermediates_only:

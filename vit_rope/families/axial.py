@@ -15,8 +15,8 @@ import math
 import torch
 from torch import Tensor
 
-from . import register_family
 from .base import PairFamily, Scaling
+from .registry import register_family
 
 __all__ = ["Axial", "frequency_ladder", "yarn_frequencies", "yarn_temperature"]
 

@@ -35,8 +35,8 @@ import torch
 from torch import Tensor, nn
 
 from ..tables import RotaryTable
-from . import register_family
 from .base import Build, Family, Scaling, head_angles
+from .registry import register_family
 
 __all__ = ["ComRoPEAP", "ComRoPELD", "block_diagonal", "spectral_split"]
 

@@ -36,9 +36,9 @@ import torch
 from torch import Tensor
 
 from ..tables import Build, RotaryTable
-from . import register_family
 from .axial import frequency_ladder, yarn_temperature
 from .base import PairFamily, Scaling, head_angles
+from .registry import register_family
 
 __all__ = ["GOLDEN_STEP", "GoldenGate", "generalized_golden_ratio", "golden_directions"]
 

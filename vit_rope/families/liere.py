@@ -25,8 +25,8 @@ import torch
 from torch import Tensor, nn
 
 from ..tables import RotaryTable
-from . import register_family
 from .base import Build, Family, Scaling, head_angles
+from .registry import register_family
 
 __all__ = ["LieRE"]
 

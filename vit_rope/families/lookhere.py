@@ -25,8 +25,8 @@ import torch
 from torch import Tensor
 
 from ..tables import AttentionBias, Build
-from . import register_family
 from .base import Family, Scaling
+from .registry import register_family
 
 __all__ = ["LookHere", "head_slopes"]
 

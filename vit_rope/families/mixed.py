@@ -14,8 +14,8 @@ import torch
 from torch import Tensor, nn
 
 from ..tables import RotaryTable
-from . import register_family
 from .base import Build, PairFamily, Scaling, head_angles
+from .registry import register_family
 
 __all__ = ["Mixed", "mixed_frequency_init"]
 

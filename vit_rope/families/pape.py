@@ -45,8 +45,8 @@ import torch
 from torch import Tensor, nn
 
 from ..tables import Build, ParabolicBias
-from . import register_family
 from .base import Family, Scaling
+from .registry import register_family
 
 __all__ = ["PaPE"]
 

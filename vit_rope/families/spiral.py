@@ -21,9 +21,9 @@ import math
 import torch
 from torch import Tensor
 
-from . import register_family
 from .axial import frequency_ladder, yarn_temperature
 from .base import PairFamily, Scaling, axis_sections
+from .registry import register_family
 
 __all__ = ["Spiral", "direction_frequencies"]
 

@@ -15,9 +15,9 @@ import torch
 from torch import Tensor, nn
 
 from ..tables import RotaryTable
-from . import register_family
 from .axial import frequency_ladder
 from .base import Build, PairFamily, Scaling, head_angles
+from .registry import register_family
 
 __all__ = ["CayleyString", "cayley"]
 

@@ -47,9 +47,9 @@ import torch
 from torch import Tensor
 
 from ..tables import Build, RotaryTable
-from . import register_family
 from .axial import frequency_ladder, yarn_temperature
 from .base import PairFamily, Scaling
+from .registry import register_family
 
 __all__ = ["VideoRoPE", "diagonal_coordinates"]
 

@@ -32,17 +32,12 @@ from tqdm import tqdm
 
 from .elpv import ElpvCells, elpv_folder
 from .idx import IdxImages, idx_files
-from .images import IMAGE_EXTENSIONS, Walk, check_image, load_rgb, same_files, to_rgb
+from .images import IMAGE_EXTENSIONS, DataError, Walk, check_image, load_rgb, same_files, to_rgb
 
 IMAGE_DATASETS = ("synthetic", "cifar10", "cifar100", "mnist", "fashion_mnist", "elpv", "imagefolder")
 VIDEO_DATASETS = ("synthetic_video", "clipfolder")
 DATASETS = IMAGE_DATASETS + VIDEO_DATASETS
 DIRECTIONS = ("E", "NE", "N", "NW", "W", "SW", "S", "SE")
-
-
-class DataError(ValueError):
-    """A file of the dataset that cannot be read as it must be (found while training: changed since the run's checks);
-    train.py ends the run with its message on one line."""
 
 
 def _grid(h: int, w: int) -> tuple[Tensor, Tensor]:

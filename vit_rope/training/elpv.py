@@ -21,7 +21,7 @@ from pathlib import Path
 from PIL import Image
 from torch.utils.data import Dataset
 
-from .images import check_image, to_8bit
+from .images import DataError, check_image, to_8bit
 
 INSTALL = "uv run --extra elpv train.py ..."  # (PyPI's elpv-dataset, 91 MB; `pip install elpv-dataset` outside uv)
 CLASSES = ("functional", "defective 1/3", "defective 2/3", "defective")  # defect probability 0, 1/3, 2/3, 1
@@ -34,11 +34,7 @@ class DataNotInstalled(FileNotFoundError):
     """The dataset's files are not where they are looked for."""
 
 
-def default_data_dir() -> str:
-    """train.py's --data-dir when none is given (settings.py's default)."""
-    from .settings import Settings  # (settings.py imports data.py, which imports this module)
-
-    return Settings.__dataclass_fields__["data_dir"].default
+DATA_DIR = "data"  # train.py's --data-dir when none is given (settings.py's default): the installed copy may stand in
 
 
 def elpv_folder(data_dir: str) -> str:
@@ -56,7 +52,7 @@ def elpv_folder(data_dir: str) -> str:
             if os.path.isfile(os.path.join(folder, "labels.csv")):
                 installed = folder
                 break
-    if data_dir != default_data_dir():
+    if data_dir != DATA_DIR:
         package = "the installed package's" if installed else f"the package's (install it with `{INSTALL}`)"
         raise FileNotFoundError(
             f"--data-dir {data_dir!r} holds no labels.csv: give the folder that holds ELPV's labels.csv and images/, "
@@ -158,6 +154,4 @@ class ElpvCells(Dataset):
             with Image.open(path) as image:
                 return to_8bit(image, path).convert("L"), label  # a 16-bit cell scaled, not clipped
         except (OSError, ValueError, Image.DecompressionBombError) as e:  # PIL's UnidentifiedImageError is an OSError
-            from .data import DataError  # (data.py imports this module)
-
             raise DataError(f"cannot read image {str(path)!r}: {e}; install ELPV again (`{INSTALL}`)") from None

@@ -36,6 +36,12 @@ import stat
 import numpy as np
 from PIL import Image
 
+
+class DataError(ValueError):
+    """A file of the dataset that cannot be read as it must be (found while training: changed since the run's checks);
+    train.py ends the run with its message on one line."""
+
+
 # torchvision's image extensions (torchvision.datasets.folder.IMG_EXTENSIONS), for images and frames alike
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 SIXTEEN = ("I;16", "I;16L", "I;16B", "I;16N")  # PIL's 16-bit unsigned grayscale modes

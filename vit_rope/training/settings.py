@@ -22,6 +22,7 @@ import yaml
 
 from ..position_encoding import SCALING_MODES
 from .data import DATASETS, VIDEO_DATASETS
+from .elpv import DATA_DIR
 from .folder import read_own
 
 __all__ = ["Settings", "parse", "read_yaml", "resumed"]
@@ -59,7 +60,7 @@ class Settings:
     # data
     dataset: str = setting("synthetic", f"one of {', '.join(DATASETS)}", check=lambda v: v in DATASETS,
                            must=f"one of {DATASETS}")  # fmt: skip
-    data_dir: str = setting("data", "dataset root: folders hold {train,val}/<class>/", check=lambda v: "\0" not in v,
+    data_dir: str = setting(DATA_DIR, "dataset root: folders hold {train,val}/<class>/", check=lambda v: "\0" not in v,
                             must="a path (no NUL character)", resume=APPLIES)  # fmt: skip
     img_size: int = setting(32, "training resolution (px)", check=at_least(1), must="at least 1")
     num_frames: int = setting(8, "frames per clip (video datasets)", check=at_least(1), must="at least 1")
