@@ -152,6 +152,33 @@ def rename_timm_keys(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
     return out
 
 
+def check_recorded_kind(model: nn.Module) -> None:
+    """The weights timm is loading into ``model`` (its ``pretrained_cfg``'s file: a ``local-dir:`` folder's
+    model.safetensors, or a file) are of the kind their record names, where they have one: weights of RoPE and of
+    LookHere share names and shapes, and only the record tells them apart."""
+    file = (getattr(model, "pretrained_cfg", None) or {}).get("file")
+    file = os.path.join(file, "model.safetensors") if isinstance(file, str) and os.path.isdir(file) else file
+    record = recorded_kind(file) if isinstance(file, str) and file.endswith(".safetensors") else None
+    kind = model.weights_kind() if callable(getattr(model, "weights_kind", None)) else None
+    if record is not None and kind is not None and record["kind"] != kind:
+        raise ValueError(
+            f"{file} holds the weights of {record['model']} ({record['kind']}), not of this model ({kind}): their "
+            "names and shapes agree, but they mean other things; create the model its config.json names, unchanged"
+        )
+
+
+def _resized(key: str, value: Tensor, own: Tensor, model: nn.Module, state_dict: dict[str, Tensor]) -> Tensor:
+    """A checkpoint's APE resampled to the model's grid, its patch kernel to the model's patch size and channels;
+    any other tensor as it is."""
+    if key == "pos_embed" and value.shape != own.shape:
+        grid = list(model.patch_embed.grid_size)
+        value, src = checkpoint_embed_grid(value, checkpoint_prefix_slots(state_dict), grid)
+        return resample_grid_embed(value, grid, src)
+    if key == "patch_embed.proj.weight" and value.shape != own.shape:
+        return _adapt_patch_kernel(value, own)
+    return value
+
+
 def checkpoint_filter_fn(state_dict: dict[str, Tensor], model: nn.Module) -> dict[str, Tensor]:
     """Adapt a checkpoint to an image ``model``: ours at any size/class count, timm's DeiT-III and RoPE ViTs (Eva).
 
@@ -162,15 +189,7 @@ def checkpoint_filter_fn(state_dict: dict[str, Tensor], model: nn.Module) -> dic
       and the checkpoint lacks, or the other way round, is an error naming it: timm loads non-strictly when the head
       changes, and another model's weights (APE into RoPE, another depth) must not load half-way.
     """
-    file = (getattr(model, "pretrained_cfg", None) or {}).get("file")  # timm's local-dir: (a folder) and file loads
-    file = os.path.join(file, "model.safetensors") if isinstance(file, str) and os.path.isdir(file) else file
-    record = recorded_kind(file) if isinstance(file, str) and file.endswith(".safetensors") else None
-    kind = model.weights_kind() if callable(getattr(model, "weights_kind", None)) else None
-    if record is not None and kind is not None and record["kind"] != kind:
-        raise ValueError(
-            f"{file} holds the weights of {record['model']} ({record['kind']}), not of this model ({kind}): their "
-            "names and shapes agree, but they mean other things; create the model its config.json names, unchanged"
-        )
+    check_recorded_kind(model)
     state_dict = rename_timm_keys(unwrap_state_dict(state_dict))
     own = model.state_dict()
     out: dict[str, Tensor] = {}
@@ -180,12 +199,7 @@ def checkpoint_filter_fn(state_dict: dict[str, Tensor], model: nn.Module) -> dic
             if not k.startswith("head."):  # a model without a classifier drops the checkpoint's
                 unexpected.append(k)
             continue
-        if k == "pos_embed" and v.shape != own[k].shape:
-            grid = list(model.patch_embed.grid_size)
-            v, src = checkpoint_embed_grid(v, checkpoint_prefix_slots(state_dict), grid)
-            v = resample_grid_embed(v, grid, src)
-        elif k == "patch_embed.proj.weight" and v.shape != own[k].shape:
-            v = _adapt_patch_kernel(v, own[k])
+        v = _resized(k, v, own[k], model, state_dict)
         if v.shape != own[k].shape:
             if k.startswith("head."):  # another class count: keep the model's fresh classifier, and say so
                 if k == "head.weight":

@@ -74,8 +74,14 @@ def read_batch(
                              "one device")  # fmt: skip
     if N == 0:
         raise ValueError("the batch has no patches (N = 0): every sample needs at least one real patch")
-    if torch.compiler.is_compiling():  # the values are data torch.compile cannot branch on: eager checks them
-        return patches, coord, valid
+    if not torch.compiler.is_compiling():  # the values are data torch.compile cannot branch on: eager checks them
+        check_indices(coord, valid)
+    return patches, coord, valid
+
+
+def check_indices(coord: Tensor, valid: Tensor) -> None:
+    """Every sample has a real patch, and its real patches' indices lie on a grid of at most
+    :data:`MAX_GRID_PATCHES` patches, counted from 0."""
     if not bool(valid.any(dim=1).all()):
         raise ValueError("a sample of the batch has no real patch (patch_valid all False): every sample needs one")
     if bool((coord[valid] < 0).any()):
@@ -88,7 +94,6 @@ def read_batch(
             f"{spans[i]:.3g} patches (at most {MAX_GRID_PATCHES}): indices are each patch's row and column on its "
             "own image's grid, counted from 0 (timm's NaFlex collator writes them so)"
         )
-    return patches, coord, valid
 
 
 def sample_grids(coord: Tensor, valid: Tensor) -> Tensor:

@@ -220,28 +220,9 @@ class PositionEncoding(nn.Module):
         if (grid is None) == (positions is None):
             raise ValueError("pass exactly one of grid=(sizes per axis) or positions=(N, axes) coordinates")
         if grid is not None:
-            try:  # whole numbers (ints, numpy's, a traced size), not a float that int() would cut
-                if any(isinstance(n, bool) for n in grid):
-                    raise TypeError
-                grid = tuple(operator.index(n) for n in grid)
-            except TypeError:
-                raise ValueError(f"grid={tuple(grid)}: sizes per axis are whole numbers of tokens") from None
-            if len(grid) != self.axes:
-                raise ValueError(f"grid={grid} has {len(grid)} sizes but the layer has axes={self.axes}; give one each")
-            if min(grid) < 1:
-                raise ValueError(f"grid={grid}: every axis needs at least one position")
-            if grids is not None or valid is not None:
-                raise ValueError("grids and valid describe explicit per-sample positions: pass positions with them")
-        elif not isinstance(positions, Tensor):
-            raise ValueError(f"positions is a {type(positions).__name__}; pass a float tensor (N, {self.axes}) or "
-                             f"(B, N, {self.axes}), e.g. torch.tensor(positions, dtype=torch.float32)")  # fmt: skip
-        elif positions.ndim not in (2, 3) or positions.shape[-1] != self.axes or not positions.is_floating_point():
-            raise ValueError(
-                f"positions has shape {tuple(positions.shape)} and dtype {positions.dtype}; expected float (N, "
-                f"{self.axes}) or (B, N, {self.axes}): one coordinate per axis, in grid axis order"
-            )
+            grid = self._checked_grid(grid, grids, valid)
         else:
-            self._check_samples(positions, grids, valid)
+            self._check_positions(positions, grids, valid)
         device = torch.device(device) if device is not None else positions.device if grid is None else None
         device = device or torch.device("cpu")
         if valid is not None:  # padding at its sample's centroid: means, extents and centres stay the valid tokens'
@@ -260,6 +241,34 @@ class PositionEncoding(nn.Module):
         return table.gather(torch.cat((prefix, tokens + p), dim=1))  # each sample's rows, prefix rows first
 
     forward = table  # a model asks its encoding for a table by calling it (torch.fx sees the call as one leaf)
+
+    def _checked_grid(self, grid: Sequence[int], grids: Tensor | None, valid: Tensor | None) -> tuple[int, ...]:
+        """``grid`` as a tuple of whole numbers of tokens, one per axis, each at least 1."""
+        try:  # whole numbers (ints, numpy's, a traced size), not a float that int() would cut
+            if any(isinstance(n, bool) for n in grid):
+                raise TypeError
+            grid = tuple(operator.index(n) for n in grid)
+        except TypeError:
+            raise ValueError(f"grid={tuple(grid)}: sizes per axis are whole numbers of tokens") from None
+        if len(grid) != self.axes:
+            raise ValueError(f"grid={grid} has {len(grid)} sizes but the layer has axes={self.axes}; give one each")
+        if min(grid) < 1:
+            raise ValueError(f"grid={grid}: every axis needs at least one position")
+        if grids is not None or valid is not None:
+            raise ValueError("grids and valid describe explicit per-sample positions: pass positions with them")
+        return grid
+
+    def _check_positions(self, positions: Tensor, grids: Tensor | None, valid: Tensor | None) -> None:
+        """Given positions: a float tensor ``([B,] N, axes)``, and what comes with them per sample."""
+        if not isinstance(positions, Tensor):
+            raise ValueError(f"positions is a {type(positions).__name__}; pass a float tensor (N, {self.axes}) or "
+                             f"(B, N, {self.axes}), e.g. torch.tensor(positions, dtype=torch.float32)")  # fmt: skip
+        if positions.ndim not in (2, 3) or positions.shape[-1] != self.axes or not positions.is_floating_point():
+            raise ValueError(
+                f"positions has shape {tuple(positions.shape)} and dtype {positions.dtype}; expected float (N, "
+                f"{self.axes}) or (B, N, {self.axes}): one coordinate per axis, in grid axis order"
+            )
+        self._check_samples(positions, grids, valid)
 
     def _check_samples(self, positions: Tensor, grids: Tensor | None, valid: Tensor | None) -> None:
         B, N = positions.shape[0], positions.shape[-2]
