@@ -402,6 +402,46 @@ def _pape_torch(x: Tensor, coords: Tensor, curvature: Tensor, gain: Tensor, oute
 if triton is not None:
 
     @triton.jit
+    def _pape_token_columns(p, A, beta, j, AX: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_J: tl.constexpr):
+        # the columns of each token (pape_columns' math): query [-A, 2 A p + β, -(p·A p + β·p)], key [p pᵀ, p, 1]
+        query = tl.where(j < AX * AX, -A, 0.0)
+        key = tl.zeros((BLOCK_N, BLOCK_J), dtype=tl.float32)
+        constant = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        for r in tl.static_range(AX):
+            p_r = tl.sum(tl.where(j == r, p, 0.0), axis=1)
+            beta_r = tl.sum(tl.where(j == r, beta, 0.0), axis=1)
+            Ap_r = tl.zeros((BLOCK_N,), dtype=tl.float32)
+            for c in tl.static_range(AX):
+                p_c = tl.sum(tl.where(j == c, p, 0.0), axis=1)
+                Ap_r += tl.sum(tl.where(j == r * AX + c, A, 0.0), axis=1) * p_c
+                key += tl.where(j == r * AX + c, (p_r * p_c)[:, None], 0.0)
+            query += tl.where(j == AX * AX + r, (2.0 * Ap_r + beta_r)[:, None], 0.0)
+            key += tl.where(j == AX * AX + r, p_r[:, None], 0.0)
+            constant += (Ap_r + beta_r) * p_r
+        query += tl.where(j == AX * AX + AX, -constant[:, None], 0.0)
+        key += tl.where(j == AX * AX + AX, 1.0, 0.0)
+        return query, key
+
+    @triton.jit
+    def _store_pape_columns(q_out, k_out, query, key, E, mask, HALF: tl.constexpr):
+        # the columns after q's and k's channels: as they are, or (bf16/fp16) split hi + lo so that their products
+        # keep float32's precision: q [hi, hi, lo] against k [hi, lo, hi] (pape_extend's layout)
+        if HALF:
+            dtype = q_out.dtype.element_ty
+            query_hi, key_hi = query.to(dtype), key.to(dtype)
+            query_lo = (query - query_hi.to(tl.float32)).to(dtype)
+            key_lo = (key - key_hi.to(tl.float32)).to(dtype)
+            tl.store(q_out, query_hi, mask=mask)
+            tl.store(q_out + E, query_hi, mask=mask)
+            tl.store(q_out + 2 * E, query_lo, mask=mask)
+            tl.store(k_out, key_hi, mask=mask)
+            tl.store(k_out + E, key_lo, mask=mask)
+            tl.store(k_out + 2 * E, key_hi, mask=mask)
+        else:
+            tl.store(q_out, query, mask=mask)
+            tl.store(k_out, key, mask=mask)
+
+    @triton.jit
     def _pape_kernel(
         x_ptr, c_ptr, curv_ptr, gain_ptr, outer_ptr, out_ptr,
         B, N, D, M, E, USED, W, PREFIX,
@@ -437,43 +477,14 @@ if triton is not None:
         gain = tl.load(gain_ptr + h * gs_h + dd * gs_d + j * gs_a, mask=(dd < D) & (j < AX), other=0.0)
         beta = tl.dot(q, gain.to(tl.float32), input_precision="ieee")  # (BLOCK_N, BLOCK_J): β[:, c]
         p = tl.load(c_ptr + b * cs_b + n * cs_n + j * cs_a, mask=nmask & (j < AX), other=0.0).to(tl.float32)
-        query = tl.where(j < AX * AX, -A, 0.0)
-        key = tl.zeros((BLOCK_N, BLOCK_J), dtype=tl.float32)
-        constant = tl.zeros((BLOCK_N,), dtype=tl.float32)
-        for r in tl.static_range(AX):
-            p_r = tl.sum(tl.where(j == r, p, 0.0), axis=1)
-            beta_r = tl.sum(tl.where(j == r, beta, 0.0), axis=1)
-            Ap_r = tl.zeros((BLOCK_N,), dtype=tl.float32)
-            for c in tl.static_range(AX):
-                p_c = tl.sum(tl.where(j == c, p, 0.0), axis=1)
-                Ap_r += tl.sum(tl.where(j == r * AX + c, A, 0.0), axis=1) * p_c
-                key += tl.where(j == r * AX + c, (p_r * p_c)[:, None], 0.0)
-            query += tl.where(j == AX * AX + r, (2.0 * Ap_r + beta_r)[:, None], 0.0)
-            key += tl.where(j == AX * AX + r, p_r[:, None], 0.0)
-            constant += (Ap_r + beta_r) * p_r
-        query += tl.where(j == AX * AX + AX, -constant[:, None], 0.0)
-        key += tl.where(j == AX * AX + AX, 1.0, 0.0)
+        query, key = _pape_token_columns(p, A, beta, j, AX, BLOCK_N, BLOCK_J)
         query = tl.where(n >= PREFIX, query, 0.0)
         key = tl.where(n >= PREFIX, key, 0.0)
         out = out_ptr + b * os_b + h * os_h + n * os_n
         tl.store(out + d, q, mask=dmask)
         tl.store(out + os_s + d, k, mask=dmask)
         tl.store(out + 2 * os_s + d, v, mask=dmask)
-        cmask = nmask & (j < E)
-        if HALF:
-            dtype = out_ptr.dtype.element_ty
-            query_hi, key_hi = query.to(dtype), key.to(dtype)
-            query_lo = (query - query_hi.to(tl.float32)).to(dtype)
-            key_lo = (key - key_hi.to(tl.float32)).to(dtype)
-            tl.store(out + D + j, query_hi, mask=cmask)
-            tl.store(out + D + E + j, query_hi, mask=cmask)
-            tl.store(out + D + 2 * E + j, query_lo, mask=cmask)
-            tl.store(out + os_s + D + j, key_hi, mask=cmask)
-            tl.store(out + os_s + D + E + j, key_lo, mask=cmask)
-            tl.store(out + os_s + D + 2 * E + j, key_hi, mask=cmask)
-        else:
-            tl.store(out + D + j, query, mask=cmask)
-            tl.store(out + os_s + D + j, key, mask=cmask)
+        _store_pape_columns(out + D + j, out + os_s + D + j, query, key, E, nmask & (j < E), HALF)
         w = tl.arange(0, BLOCK_W)[None, :]
         zeros = tl.zeros((BLOCK_N, BLOCK_W), dtype=tl.float32)
         tl.store(out + w, zeros, mask=nmask & (w >= USED) & (w < W))
