@@ -464,38 +464,12 @@ def all_data(settings, dc: dict) -> Data:
     """``build_data`` before the subsets."""
     name, root = settings.dataset, settings.data_dir
     if name == "synthetic_video":
-        kw = dict(img_size=settings.img_size, num_frames=settings.num_frames, seed=settings.seed, mean=dc["mean"],
-                  std=dc["std"])  # fmt: skip
-
-        def train_at(size):
-            return SyntheticMotion(settings.train_samples, split="train", **{**kw, "img_size": size})
-
-        val = SyntheticMotion(settings.val_samples, split="val", **kw)
-
-        def clips(size, protocol):
-            if protocol == "native":
-                return ValidationAt(val, size, True, Standardize(dc["mean"], dc["std"]))
-            return ValidationAt(val, size, False, partial(resize_clip, size=size))
-
-        return Data(train_at(settings.img_size), clips, val.num_classes, train_at)
+        return synthetic_video_data(settings, dc)
     if name in ("imagefolder", "clipfolder"):
         return folder_data(settings, dc)
-    train_tf, eval_tf = image_transforms(settings, dc)
     if name == "synthetic":
-        scenes = partial(SyntheticScenes, img_size=settings.img_size, seed=settings.seed)
-        val = scenes(settings.val_samples, split="val")
-
-        def scenes_at(size):  # drawn natively at the size, then timm's training transform there
-            return scenes(settings.train_samples, split="train", img_size=size,
-                          transform=train_transform(settings, dc, size))  # fmt: skip
-
-        def make(size, protocol):
-            if protocol == "native":
-                return ValidationAt(val, size, True, Standardize(dc["mean"], dc["std"]))
-            return scenes(settings.val_samples, split="val", transform=eval_tf(size))
-
-        return Data(scenes(settings.train_samples, split="train", transform=train_tf), make, val.num_classes,
-                    scenes_at)  # fmt: skip
+        return synthetic_data(settings, dc)
+    train_tf, eval_tf = image_transforms(settings, dc)
     read = partial(ElpvCells, elpv_folder(root)) if name == "elpv" else partial(torchvision_dataset, name, root)
     originals = read(train=True) if reads_training_images(settings) else None
     val = read(train=False)
@@ -513,6 +487,43 @@ def all_data(settings, dc: dict) -> Data:
     )
 
 
+def synthetic_video_data(settings, dc: dict) -> Data:
+    """The built-in clips: training clips drawn at any size, validation clips drawn natively or resized."""
+    kw = dict(img_size=settings.img_size, num_frames=settings.num_frames, seed=settings.seed, mean=dc["mean"],
+              std=dc["std"])  # fmt: skip
+
+    def train_at(size):
+        return SyntheticMotion(settings.train_samples, split="train", **{**kw, "img_size": size})
+
+    val = SyntheticMotion(settings.val_samples, split="val", **kw)
+
+    def clips(size, protocol):
+        if protocol == "native":
+            return ValidationAt(val, size, True, Standardize(dc["mean"], dc["std"]))
+        return ValidationAt(val, size, False, partial(resize_clip, size=size))
+
+    return Data(train_at(settings.img_size), clips, val.num_classes, train_at)
+
+
+def synthetic_data(settings, dc: dict) -> Data:
+    """The built-in scenes: drawn natively at every size (then timm's transform there), or resized for 'resize'."""
+    train_tf, eval_tf = image_transforms(settings, dc)
+    scenes = partial(SyntheticScenes, img_size=settings.img_size, seed=settings.seed)
+    val = scenes(settings.val_samples, split="val")
+
+    def scenes_at(size):  # drawn natively at the size, then timm's training transform there
+        return scenes(settings.train_samples, split="train", img_size=size,
+                      transform=train_transform(settings, dc, size))  # fmt: skip
+
+    def make(size, protocol):
+        if protocol == "native":
+            return ValidationAt(val, size, True, Standardize(dc["mean"], dc["std"]))
+        return scenes(settings.val_samples, split="val", transform=eval_tf(size))
+
+    return Data(scenes(settings.train_samples, split="train", transform=train_tf), make, val.num_classes,
+                scenes_at)  # fmt: skip
+
+
 def folder_data(settings, dc: dict) -> Data:
     """``build_data`` for ``imagefolder`` and ``clipfolder``: every split numbered as the training split (torchvision
     sorts each folder's classes on its own), the class count from it (from val with eval_only and no train/), and
@@ -521,32 +532,9 @@ def folder_data(settings, dc: dict) -> Data:
     a broken one stops the run before it starts, naming the file; so does a val/ holding fewer than two classes (its
     accuracy would measure nothing)."""
     name, root = settings.dataset, settings.data_dir
-    layout = (
-        "root/train/<class>/ and root/val/<class>/"
-        if name == "imagefolder"
-        else "root/{train,val}/<class>/<clip>/<frames>"
-    )
-    if not os.path.isdir(root):
-        what = "a file" if os.path.exists(root) else "missing"
-        raise FileNotFoundError(f"{root!r} is {what}, not a folder; {name} needs {layout} there")
-    train_root, val_root = os.path.join(root, "train"), os.path.join(root, "val")
-    for split in (train_root, val_root):
-        if not os.path.isdir(split) and not (split == train_root and not reads_training_images(settings)):
-            raise FileNotFoundError(f"{split!r} is missing; {name} needs {layout}")
-    if name == "imagefolder":
-        eval_tf = image_transforms(settings, dc)[1]
-
-        def make(root: str, size: int | None, class_to_idx: dict | None = None, train: bool = False) -> Dataset:
-            if size is None:  # PIL images, for timm's NaFlex loader (which transforms them itself)
-                return CheckedImageFolder(root, None, class_to_idx)
-            transform = train_transform(settings, dc, size) if train else eval_tf(size)
-            return CheckedImageFolder(root, transform, class_to_idx)
-    else:
-
-        def make(root: str, size: int, class_to_idx: dict | None = None, train: bool = False) -> Dataset:
-            # read at the requested size: resizing clips already shrunk to img_size would upsample them
-            return ClipFolder(root, size, settings.num_frames, dc["mean"], dc["std"], class_to_idx)
-
+    layout = LAYOUTS[name]
+    train_root, val_root = split_folders(settings)
+    make = folder_maker(settings, dc)
     train = None
     if reads_training_images(settings):
         train = make(train_root, None if settings.naflex else settings.img_size, train=True)
@@ -562,14 +550,7 @@ def folder_data(settings, dc: dict) -> Data:
             f"two, one folder each in {name}'s {layout}"
         )
     val = make(val_root, settings.img_size, class_to_idx)  # a val class training never saw is an error now
-    present = sorted({label for _, label in val.samples})
-    if len(present) < 2:  # its accuracy would be the share of one answer: 100% for a model that always gives it
-        names = sorted(class_to_idx, key=class_to_idx.__getitem__)
-        raise ValueError(
-            f"{val_root!r} holds images of only {len(present)} class ({[names[i] for i in present]}) of the "
-            f"{len(names)} classes {names}: its accuracy would measure nothing (a model that always answers that "
-            "class scores 100%); add images of the other classes to val/"
-        )
+    check_val_classes(val, class_to_idx, val_root)
     if train is not None:
         same_files(train.walk, val.walk)  # val/ a link to train/, or images linked from it
     check_files(val, val_root)
@@ -584,6 +565,56 @@ def folder_data(settings, dc: dict) -> Data:
     train_at = None if train is None else lambda s: light(make(train_root, s, class_to_idx, train=True))
     return Data(train, lambda s, p: light(make(val_root, None if p == "naflex" else s, class_to_idx)),
                 len(class_to_idx), train_at)  # fmt: skip
+
+
+LAYOUTS = {"imagefolder": "root/train/<class>/ and root/val/<class>/",
+           "clipfolder": "root/{train,val}/<class>/<clip>/<frames>"}  # fmt: skip
+
+
+def split_folders(settings) -> tuple[str, str]:
+    """``root/train`` and ``root/val`` of a folder dataset; one line where the root or a split it needs is missing
+    (train/ may be, where the run reads no training images)."""
+    name, root = settings.dataset, settings.data_dir
+    if not os.path.isdir(root):
+        what = "a file" if os.path.exists(root) else "missing"
+        raise FileNotFoundError(f"{root!r} is {what}, not a folder; {name} needs {LAYOUTS[name]} there")
+    train_root, val_root = os.path.join(root, "train"), os.path.join(root, "val")
+    for split in (train_root, val_root):
+        if not os.path.isdir(split) and not (split == train_root and not reads_training_images(settings)):
+            raise FileNotFoundError(f"{split!r} is missing; {name} needs {LAYOUTS[name]}")
+    return train_root, val_root
+
+
+def folder_maker(settings, dc: dict) -> Callable[..., Dataset]:
+    """``make(split folder, size, class_to_idx=None, train=False)``: a split of an image folder (timm's training or
+    evaluation transform at ``size``; PIL images for ``size`` None, for timm's NaFlex loader) or of a clip folder
+    (clips read at ``size``: resizing clips already shrunk to img_size would upsample them)."""
+    if settings.dataset == "clipfolder":
+        return lambda root, size, class_to_idx=None, train=False: ClipFolder(
+            root, size, settings.num_frames, dc["mean"], dc["std"], class_to_idx
+        )
+    eval_tf = image_transforms(settings, dc)[1]
+
+    def make(root: str, size: int | None, class_to_idx: dict | None = None, train: bool = False) -> Dataset:
+        if size is None:
+            return CheckedImageFolder(root, None, class_to_idx)
+        transform = train_transform(settings, dc, size) if train else eval_tf(size)
+        return CheckedImageFolder(root, transform, class_to_idx)
+
+    return make
+
+
+def check_val_classes(val: Dataset, class_to_idx: dict[str, int], val_root: str) -> None:
+    """A val/ of fewer than two classes is refused: its accuracy would be the share of one answer (100 % for a model
+    that always gives it). One that lacks some of train/'s classes is fine (rare classes often are)."""
+    present = sorted({label for _, label in val.samples})
+    if len(present) < 2:
+        names = sorted(class_to_idx, key=class_to_idx.__getitem__)
+        raise ValueError(
+            f"{val_root!r} holds images of only {len(present)} class ({[names[i] for i in present]}) of the "
+            f"{len(names)} classes {names}: its accuracy would measure nothing (a model that always answers that "
+            "class scores 100%); add images of the other classes to val/"
+        )
 
 
 def check_files(ds: Dataset, root: str) -> None:
