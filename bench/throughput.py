@@ -309,7 +309,7 @@ def run_processes(n: int, argv: list[str]) -> None:
         print(f"{name:56s} {statistics.median(values):.3f} [{values[0]:.3f}-{values[-1]:.3f}]")
 
 
-def main() -> None:
+def arguments() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--sizes", type=int, nargs="+", default=[224, 384], help="image sizes of the rope section; the "
@@ -331,6 +331,11 @@ def main() -> None:
     p.add_argument("--processes", type=int, default=1, help="repeat the whole run in this many fresh processes")
     p.add_argument("--profile", action="store_true", help="only profile a train step of ours RoPE and ours APE")
     p.add_argument("--figures-json", help=argparse.SUPPRESS)  # where a child process leaves its figures
+    return p
+
+
+def main() -> None:
+    p = arguments()
     args = p.parse_args()
     if args.processes > 1:
         argv = sys.argv[1:]
