@@ -77,6 +77,7 @@ from vit_rope.training.settings import DEFAULTS, Settings, parse, read_yaml, res
 from vit_rope.training.weights import (
     check_record,
     read_checkpoint,
+    recorded_labels,
     resume_remedy,
     save_model_folder,
     timm_config,
@@ -320,6 +321,7 @@ def checked_model(run: Run, data: Data) -> tuple[list[str], torch.nn.Module]:
     returns the --rope-scaling modes it takes and the model."""
     settings, spec, where = run.settings, run.spec, f" (recipe {run.recipe})" if run.recipe else ""
     model = build_model(settings, spec, num_classes=data.num_classes).eval()
+    check_head(run, model, data)
     check_input_sizes(settings, spec, model, where)
     if (settings.naflex or settings.eval_seq_lens) and not callable(getattr(model, "get_patch_size", None)):
         raise SystemExit(
@@ -360,6 +362,43 @@ def checked_model(run: Run, data: Data) -> tuple[list[str], torch.nn.Module]:
                 f"{list(model.rope_scaling_modes())}); add one of those"
             )
     return scaling_modes(model, settings.rope_scaling), model
+
+
+def check_head(run: Run, model: torch.nn.Module, data: Data) -> None:
+    """The classifier the starting weights give: --eval-only evaluates only a head it loaded, so a class count
+    other than the data's (a head initialised anew) is one line, and so are class names (in order: a permutation
+    would mislabel every class) other than the ones the checkpoint's folder records (config.json's label_names).
+    Training from such weights (a transfer) keeps the new head, and says so in one line."""
+    settings = run.settings
+    start = f"--initial-checkpoint {settings.initial_checkpoint}" if settings.initial_checkpoint else "--pretrained"
+    new = getattr(model, "vit_rope_new_head", [])
+    if new and settings.eval_only:
+        raise SystemExit(
+            f"error: --eval-only of {run.spec}: {start} has a classifier of another class count than the "
+            f"{data.num_classes} classes of --dataset {settings.dataset}, so {new[0]} would be a new, random one; "
+            "eval-only evaluates only a head it loaded: evaluate on data of the checkpoint's classes, or train "
+            "(without --eval-only) to fit a new head"
+        )
+    quiet = rank_world()[0] != 0
+    if new and not quiet:
+        print(f"[{run.tag}] {start}: its classifier has another class count; the head ({', '.join(new[:2])}) is "
+              f"new, initialised for {data.num_classes} classes", flush=True)  # fmt: skip
+    labels = recorded_labels(settings.initial_checkpoint) if settings.initial_checkpoint and not new else None
+    names = class_names(data.train) or class_names(data.eval_set(settings.img_size, "resize"))
+    if not labels or not names or labels == names:
+        return
+    pairs = zip(labels, names, strict=False)
+    differ = next((i for i, (a, b) in enumerate(pairs) if a != b), min(len(labels), len(names)))
+    name = lambda names: repr(names[differ][:40]) if differ < len(names) else "missing"  # noqa: E731
+    what = (f"class {differ} is {name(names)} in --dataset {settings.dataset} and {name(labels)} in the "
+            "checkpoint's config.json label_names")  # fmt: skip
+    if settings.eval_only:
+        raise SystemExit(
+            f"error: --eval-only of {run.spec}: {start} was trained on other classes ({what}); its head would "
+            "mislabel them: evaluate on data whose classes (and their order) are the checkpoint's"
+        )
+    if not quiet:
+        print(f"[{run.tag}] {start} was trained on other classes ({what}): its head starts from theirs", flush=True)
 
 
 def folder_config(run: Run, model: torch.nn.Module, data: Data) -> dict:

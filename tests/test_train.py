@@ -158,8 +158,8 @@ def test_finetune_from_checkpoint_with_other_classes_and_size(start, tmp_path):
     ])  # fmt: skip
     assert [r["eval_size"] for r in rows] == [24] and rows[0]["model"] == "vit_ape_tiny"
     tuned = load_file(tmp_path / "ft" / "vit_ape_tiny" / "model.safetensors")
-    # (a model folder's model is made as it was, at its img_size: its APE keeps the 2x2 grid of 16 px, resampled)
-    assert tuned["head.weight"].shape == (3, 32) and tuned["pos_embed"].shape == (1, 9 if weights else 4, 32)
+    # (a model folder's model is made at --img-size, the one source of its grid: its APE resampled to 3x3 patches)
+    assert tuned["head.weight"].shape == (3, 32) and tuned["pos_embed"].shape == (1, 9, 32)
     config = json.loads((tmp_path / "ft" / "vit_ape_tiny" / "config.json").read_text())
     assert config["num_classes"] == 3 and config["label_names"] == ["class0", "class1", "class2"]
     assert config["pretrained_cfg"]["input_size"] == [3, 24, 24]
@@ -236,15 +236,16 @@ def test_config_and_data_errors(tmp_path):
 
 
 def test_ema_weights_are_the_ones_evaluated_and_saved(tmp_path):
-    """With --ema-decay 1 the average never moves off the initial weights: what is saved and evaluated equals an
-    untrained run (--lr 0 --min-lr 0, same seed), while the raw weights in the checkpoint did train."""
+    """With --ema-decay 1 - 1e-12 the average does not move off the initial weights (each update is below float32's
+    resolution): what is saved and evaluated equals an untrained run (--lr 0 --min-lr 0, same seed), while the raw
+    weights in the checkpoint did train."""
     one = [*TINY, "--models", "vit_rope_tiny", "--rope-scaling", "none", "--epochs", "1"]
-    train.main([*one, "--ema", "--ema-decay", "1.0", "--output", str(tmp_path / "ema")])
+    train.main([*one, "--ema", "--ema-decay", "0.999999999999", "--output", str(tmp_path / "ema")])
     train.main([*one, "--lr", "0", "--min-lr", "0", "--output", str(tmp_path / "still")])
     saved, still = (load_file(tmp_path / d / "vit_rope_tiny" / "model.safetensors") for d in ("ema", "still"))
     raw = torch.load(tmp_path / "ema" / "vit_rope_tiny" / "checkpoint.pt", weights_only=False)["model"]
     for k in still:
-        torch.testing.assert_close(saved[k], still[k], rtol=0, atol=0, msg=k)
+        torch.testing.assert_close(saved[k], still[k], rtol=0, atol=1e-9, msg=k)
     assert any(not torch.equal(raw[k], still[k]) for k in still)
     top1 = [[r["top1"] for r in read_csv(tmp_path / d / "results.csv")] for d in ("ema", "still")]
     assert top1[0] == top1[1]
@@ -475,10 +476,11 @@ def test_resume_restores_each_ranks_rng(tmp_path, monkeypatch, capsys):
 
 
 def test_initial_checkpoint_takes_a_runs_checkpoint_and_its_ema(tmp_path):
-    """A run's own checkpoint.pt loads as --initial-checkpoint, with its EMA weights (--ema-decay 1: the initial
-    ones, which are what that run evaluated); an old one that only a full unpickle reads gets a clear error."""
+    """A run's own checkpoint.pt loads as --initial-checkpoint, with its EMA weights (--ema-decay 1 - 1e-12: the
+    initial ones, which are what that run evaluated); an old one that only a full unpickle reads gets a clear
+    error."""
     one = [*ONE, "--epochs", "1"]
-    train.main([*one, "--ema", "--ema-decay", "1.0", "--output", str(tmp_path / "ema")])
+    train.main([*one, "--ema", "--ema-decay", "0.999999999999", "--output", str(tmp_path / "ema")])
     ckpt = tmp_path / "ema" / "vit_rope_tiny" / "checkpoint.pt"
     rows = train.main([*one, "--eval-only", "--initial-checkpoint", str(ckpt), "--output", str(tmp_path / "ev")])
     assert rows == train.json.loads((tmp_path / "ema" / "vit_rope_tiny" / "results.json").read_text())
@@ -586,7 +588,14 @@ def test_a_failed_command_leaves_the_previous_run_as_it_was(case, finished_run, 
         (["--eval-sizes", "16", "0"], "eval_sizes must be sizes of at least 1"),
         (["--drop-path", "1"], r"drop_path must be in \[0, 1\)"),
         (["--hflip", "1.5"], r"hflip must be in \[0, 1\]"),
-        (["--ema-decay", "2"], r"ema_decay must be in \[0, 1\]"),
+        (["--ema-decay", "2"], r"ema_decay must be in \[0, 1\)"),
+        (["--ema", "--ema-decay", "1"], r"--ema-decay 1.0: ema_decay must be in \[0, 1\)"),
+        (["--model-kwargs", "patch_size=8", "init_values=null"],
+         "--model-kwargs init_values=null: timm's create_model drops a kwarg whose value is None.*init_values=0"),
+        (["--models", "vit_rope_tiny:init_values=null"], "'vit_rope_tiny:init_values=null' in --models: init_values"),
+        (["--model-kwargs", "patch_size=8", "img_size=64"],
+         "the model kwarg img_size=64 differs from --img-size 16.*leave img_size out of the model kwargs"),
+        (["--model-kwargs", "patch_size=8", "num_classes=3"], "num_classes=3 in the model kwargs; the class count"),
         (["--scale", "0.5"], "scale must be two numbers"),
         (["--scale", "0", "1"], "scale must be two numbers"),
         (["--seed", "-1"], "seed must be in"),
@@ -1027,3 +1036,47 @@ def test_a_run_killed_while_fine_tuning_resumes_to_the_same_results(tmp_path, mo
     assert len(read_csv(tmp_path / "killed" / "log.csv")) == 1  # not trained again
     again = [{k: str(v) for k, v in r.items()} for r in rows if r["eval_size"] != 32]
     assert again == full and {r["eval_size"] for r in rows if r["protocol"] == "finetune"} == {24, 32}
+
+
+# ------------------------------------------------------------------------------ hostile round 5: train.py's inputs
+def test_eval_only_never_evaluates_a_head_it_did_not_load(finished_run, tmp_path):
+    """An 8-class model on 2-class data: its classifier would be a new, random one; eval-only refuses it. Class names
+    the checkpoint's folder records in another order would mislabel every class: refused too."""
+    make_imagefolder(tmp_path / "two", classes=2, per_class=3)
+    data = ["--dataset", "imagefolder", "--data-dir", str(tmp_path / "two"), "--eval-sizes", "16"]
+    with pytest.raises(SystemExit, match=r"--eval-only of vit_rope_tiny: .* another class count than the 2 classes"):
+        train.main([*data, "--eval-only", "--initial-checkpoint", str(finished_run / "vit_rope_tiny"),
+                    "--rope-scaling", "none", "--output", str(tmp_path / "ev")])  # fmt: skip
+    folder = tmp_path / "permuted"
+    shutil.copytree(finished_run / "vit_rope_tiny", folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["label_names"] = config["label_names"][::-1]
+    (folder / "config.json").write_text(json.dumps(config))
+    for start, args in ((folder, without_models(ONE)), (folder / "model.safetensors", ONE)):
+        with pytest.raises(SystemExit, match=r"was trained on other classes \(class 0 is '.*' in --dataset synthetic"):
+            train.main([*args, "--eval-only", "--initial-checkpoint", str(start), "--output", str(tmp_path / "ev")])
+    assert not (tmp_path / "ev").exists()
+
+
+def test_training_from_weights_of_another_class_count_says_the_head_is_new(finished_run, tmp_path, capsys):
+    make_imagefolder(tmp_path / "three", classes=3, per_class=4)
+    start = str(finished_run / "vit_rope_tiny")
+    train.main([*without_models(TINY), "--dataset", "imagefolder", "--data-dir", str(tmp_path / "three"),
+                "--eval-sizes", "16", "--epochs", "1", "--batch-size", "4", "--rope-scaling", "none",
+                "--initial-checkpoint", start, "--output", str(tmp_path / "ft")])  # fmt: skip
+    assert "its classifier has another class count; the head (head.weight, head.bias) is new, initialised for 3" in (
+        capsys.readouterr().out
+    )
+
+
+def test_weights_of_another_dtype_kind_are_refused_not_cast(finished_run, tmp_path):
+    weights = load_file(finished_run / "vit_rope_tiny" / "model.safetensors")
+    save_file({k: v.to(torch.bfloat16) for k, v in weights.items()}, tmp_path / "bf16.safetensors")
+    rows = train.main([*ONE, "--eval-only", "--initial-checkpoint", str(tmp_path / "bf16.safetensors"),
+                       "--output", str(tmp_path / "bf16")])  # fmt: skip
+    assert rows  # (float to float loads)
+    for dtype in (torch.int32, torch.bool):
+        save_file({**weights, "head.weight": weights["head.weight"].to(dtype)}, tmp_path / "int.safetensors")
+        with pytest.raises(SystemExit, match=rf"1 tensor\(s\) have another kind of dtype .* head.weight \({dtype}"):
+            train.main([*ONE, "--eval-only", "--initial-checkpoint", str(tmp_path / "int.safetensors"),
+                        "--output", str(tmp_path / "int")])  # fmt: skip
