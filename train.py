@@ -76,6 +76,7 @@ from vit_rope.training.rng import all_rng_states, restore_rng_state, seed_everyt
 from vit_rope.training.settings import DEFAULTS, Settings, parse, read_yaml, resumed
 from vit_rope.training.weights import (
     check_record,
+    file_sha256,
     read_checkpoint,
     recorded_labels,
     resume_remedy,
@@ -95,11 +96,34 @@ def parse_config(argv: list[str] | None = None) -> tuple[Settings, dict]:
 
 
 # ------------------------------------------------------------------------------------- checks before a run
+def started_from(settings: Settings) -> Settings:
+    """The settings with the sha256 of --initial-checkpoint's weights (hashed once, here), which config.yaml records:
+    a resumed run whose recorded hash differs (the file was replaced since the run began, and its results would mix
+    rows of two weight files), or a fresh one given --initial-checkpoint-sha256 of another file, is one line."""
+    start = settings.initial_checkpoint
+    if not start:
+        return replace(settings, initial_checkpoint_sha256=None)
+    path, digest, recorded = weights_file(start), file_sha256(start), settings.initial_checkpoint_sha256
+    if recorded and recorded != digest:
+        if settings.resume:
+            raise SystemExit(
+                f"error: --resume: the run in {settings.output} started from --initial-checkpoint {path} of sha256 "
+                f"{recorded[:12]}..., and that file now has sha256 {digest[:12]}...: its results would mix two weight "
+                "files; put the original file back, or start a new run with another --output"
+            )
+        raise SystemExit(
+            f"error: --initial-checkpoint {path} has sha256 {digest[:12]}..., not --initial-checkpoint-sha256 "
+            f"{recorded[:12]}...; point it at the file of that hash, or leave --initial-checkpoint-sha256 out"
+        )
+    return replace(settings, initial_checkpoint_sha256=digest)
+
+
 def check_folder(settings: Settings, plan: list[Run]) -> list[Path]:
     """--output can hold the run, and a fresh run replaces no earlier one unasked: it is refused where a run's files
     are (its config.yaml, results or log, or a run's checkpoint, weights or results where this one would write
-    them), unless --resume or --overwrite; returns the folders of the earlier runs --overwrite deletes the files of
-    (by name)."""
+    them), unless --resume or --overwrite, and --overwrite of a run that --initial-checkpoint lies in (it would
+    delete the files of the folder the weights come from: a model folder no more); returns the folders of the earlier
+    runs --overwrite deletes the files of (by name)."""
     out = check_output(settings.output)
     check_own_files(out, [run.folder for run in plan])
     earlier = out / "config.yaml"
@@ -107,6 +131,13 @@ def check_folder(settings: Settings, plan: list[Run]) -> list[Path]:
     found = [p for p in found if p.exists() or p.is_symlink()]
     if settings.resume or not found:
         return []
+    start = settings.initial_checkpoint
+    if settings.overwrite and start and Path(start).resolve().is_relative_to(out):
+        raise SystemExit(
+            f"error: --initial-checkpoint {start} lies in --output {out}, whose run --overwrite replaces (deleting "
+            "the config.json, checkpoint.pt and results of its model folders, and its config.yaml): the weights would "
+            "outlive their folder; copy the folder out of --output first (cp -r), or choose another --output"
+        )
     if not settings.overwrite:
         raise SystemExit(
             f"error: {out} holds a run already ({found[0]}); continue it with --resume, or replace it with "
@@ -835,6 +866,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             f"error: --initial-checkpoint {start!r} does not exist or is neither a regular file nor a model folder"
         )
     settings = from_model_folder(settings, given)  # a model folder names the model: its config.json
+    settings = started_from(settings)
     one_process = int(os.environ.get("WORLD_SIZE", "1")) == 1
     if resolve_device(settings.device).type == "cpu" and one_process and "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(os.cpu_count() or 1)

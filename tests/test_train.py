@@ -549,6 +549,9 @@ FAILING_RUNS = [
     ("weights of another model", ["--eval-only", "--initial-checkpoint", "{run}/vit_rope_tiny/model.safetensors"],
      r"does not fit vit_ape_tiny: .*lacks the model's \['pos_embed'\]"),
     ("unknown optimizer", ["--opt", "nope"], "--opt nope with --sched cosine: Optimizer nope not found"),
+    ("eval-only of weights in the run --overwrite replaces",
+     ["--eval-only", "--initial-checkpoint", "{run}/vit_rope_tiny/model.safetensors", "--models", "vit_rope_tiny"],
+     r"model.safetensors lies in --output .*, whose run --overwrite replaces .*copy the folder out of --output"),
 ]  # fmt: skip
 # (what --resume must refuse, arguments after --output RUN --resume, the error it must give)
 REFUSED_RESUMES = [
@@ -1080,3 +1083,22 @@ def test_weights_of_another_dtype_kind_are_refused_not_cast(finished_run, tmp_pa
         with pytest.raises(SystemExit, match=rf"1 tensor\(s\) have another kind of dtype .* head.weight \({dtype}"):
             train.main([*ONE, "--eval-only", "--initial-checkpoint", str(tmp_path / "int.safetensors"),
                         "--output", str(tmp_path / "int")])  # fmt: skip
+
+
+def test_resume_refuses_an_initial_checkpoint_replaced_since_the_run_began(finished_run, tmp_path):
+    """A run records the sha256 of the weights it started from; --resume after the file was replaced would mix rows
+    of two weight files in one table: refused, naming the file and both hashes."""
+    start = tmp_path / "start.safetensors"
+    shutil.copy(finished_run / "vit_rope_tiny" / "model.safetensors", start)
+    args = [*ONE, "--eval-only", "--initial-checkpoint", str(start), "--output", str(tmp_path / "ev")]
+    train.main(args)
+    digest = yaml.safe_load((tmp_path / "ev" / "config.yaml").read_text())["initial_checkpoint_sha256"]
+    assert digest == __import__("hashlib").sha256(start.read_bytes()).hexdigest()
+    weights = load_file(start)
+    save_file({k: v + 1 if k == "head.bias" else v for k, v in weights.items()}, start)
+    before = snapshot(tmp_path / "ev")
+    with pytest.raises(SystemExit, match=rf"start.safetensors of sha256 {digest[:12]}\.\.\., and that file now has"):
+        train.main(["--output", str(tmp_path / "ev"), "--resume"])
+    assert snapshot(tmp_path / "ev") == before
+    with pytest.raises(SystemExit, match="not --initial-checkpoint-sha256"):  # a hash given: the file must have it
+        train.main([*args[:-1], str(tmp_path / "pinned"), "--initial-checkpoint-sha256", digest])

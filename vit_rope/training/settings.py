@@ -94,6 +94,11 @@ class Settings:
     initial_checkpoint: str | None = setting(None, "start from these weights: a .safetensors, a run's checkpoint.pt, "
                                              "or a model folder (a run's <model> folder, timm's save_for_hf), whose "
                                              "config.json then names the model and its kwargs")  # fmt: skip
+    initial_checkpoint_sha256: str | None = setting(None, "sha256 of --initial-checkpoint's weights (a model folder's "
+                                                    "model.safetensors): the run records it, --resume refuses a file "
+                                                    "that has changed since; given, a file of another hash is refused",
+                                                    check=lambda v: re.fullmatch(r"[0-9a-f]{64}", v) is not None,
+                                                    must="64 lowercase hex digits", resume=APPLIES)  # fmt: skip
     allow_transfer: bool = setting(False, "let --initial-checkpoint load weights that record another kind of model "
                                    "(another position encoding or architecture): a deliberate transfer")  # fmt: skip
     pretrained: bool = setting(False, "start from the models' published weights")
