@@ -21,6 +21,7 @@ lock on the folder and writes only its own files there. What --resume does with 
 """
 
 import copy
+import io
 import json
 import math
 import os
@@ -46,6 +47,7 @@ from tqdm import tqdm
 from vit_rope.training.data import Data, DataError, build_data
 from vit_rope.training.distributed import all_sum, rank_world, resolve_device, setup_distributed
 from vit_rope.training.folder import (
+    DISK_FULL,
     MODEL_FILES,
     RESULT_FILES,
     RUN_FILES,
@@ -53,6 +55,7 @@ from vit_rope.training.folder import (
     atomic_write,
     check_output,
     check_own_files,
+    disk_error,
     drop_log_rows,
     locked,
     read_log,
@@ -724,9 +727,27 @@ def save_checkpoint(
 ) -> None:
     """The evaluated weights as a timm model folder (model.safetensors, its metadata the model's record, and timm's
     config.json) and the resume state (checkpoint.pt), each written atomically."""
-    folder.mkdir(exist_ok=True)
+    made(folder)
     save_model_folder(folder, evaluated, record, config)
-    atomic_write(folder / "checkpoint.pt", torch.save, state)
+    atomic_write(folder / "checkpoint.pt", lambda s, f: f.write(torch_bytes(s)), state)
+
+
+def torch_bytes(obj: object) -> bytes:
+    """``torch.save`` into memory: the file is then one plain write (a full disk is one error naming it, not torch's
+    writer's RuntimeError)."""
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+def made(folder: Path) -> None:
+    """A run's folder made (a full disk: one line naming it)."""
+    try:
+        folder.mkdir(exist_ok=True)
+    except OSError as e:
+        if e.errno in DISK_FULL:
+            raise disk_error(folder, e) from None
+        raise
 
 
 def log_epoch(out: Path, run: Run, row: dict) -> None:
@@ -846,7 +867,7 @@ def model_results(run: Run, checked: tuple[Data, list[str], list[str]], trained:
     rows = evaluate_resolutions(run, model, data, modes, device)
     rows += finetune(run, model, data, tuned, device)
     if rank == 0:
-        run.folder.mkdir(exist_ok=True)  # an --eval-only run trained nothing into it
+        made(run.folder)  # an --eval-only run trained nothing into it
         atomic_write(done, write_json, rows)
         summary = ", ".join(f"{r['eval_size']}px/{r['protocol']}/{r['rope_scaling']}: {r['top1']:.1f}" for r in rows)
         print(f"[{run.tag}] evaluated in {time.time() - t0:.0f}s: {summary}", flush=True)

@@ -1102,3 +1102,47 @@ def test_resume_refuses_an_initial_checkpoint_replaced_since_the_run_began(finis
     assert snapshot(tmp_path / "ev") == before
     with pytest.raises(SystemExit, match="not --initial-checkpoint-sha256"):  # a hash given: the file must have it
         train.main([*args[:-1], str(tmp_path / "pinned"), "--initial-checkpoint-sha256", digest])
+
+
+class FullDisk:
+    """A file opened for writing whose writes fail as on a full disk."""
+
+    def __init__(self, f):
+        self.f = f
+
+    def write(self, data):
+        raise OSError(__import__("errno").ENOSPC, "No space left on device")
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.f.close()
+
+
+def full_disk_at(monkeypatch, name: str) -> None:
+    """Writing the file ``name`` (its temporary, by atomic_write) fails with ENOSPC; every other file is written."""
+    fdopen = folder.os.fdopen
+
+    def full(fd, *args, **kwargs):
+        f = fdopen(fd, *args, **kwargs)
+        return FullDisk(f) if f".{name}." in os.readlink(f"/proc/self/fd/{fd}") else f
+
+    monkeypatch.setattr(folder.os, "fdopen", full)
+
+
+@pytest.mark.parametrize("name", ["checkpoint.pt", "model.safetensors", "log.csv", "results.csv", "overview.png"])
+def test_a_full_disk_is_one_line_naming_the_file_and_resume_finishes_the_run(name, tmp_path, monkeypatch):
+    args = [*ONE, "--epochs", "1"]
+    train.main([*args, "--output", str(tmp_path / "full")])
+    out = tmp_path / "run"
+    full_disk_at(monkeypatch, name)
+    with pytest.raises(SystemExit, match=rf"^error: no space left writing {out}/(vit_rope_tiny/)?{name}; .*--resume"):
+        train.main([*args, "--output", str(out)])
+    assert not [p for p in out.rglob(".*.tmp")]  # (the temporary removed)
+    monkeypatch.undo()
+    train.main(["--output", str(out), "--resume"])
+    assert read_csv(out / "results.csv") == read_csv(tmp_path / "full" / "results.csv")

@@ -2,6 +2,7 @@
 mean ± std over seeds), and three figures: accuracy_vs_resolution.png (every curve), extrapolation.png and overview.png
 (each model under its best scaling mode, and what fine-tuning recovers: the figure to take in at a glance)."""
 
+import io
 import math
 import re
 import statistics
@@ -48,9 +49,17 @@ def write_results(rows: list[dict], out: Path, train_size: int, about: str, chan
     for figure, name in figures:
         fig = figure(summary, train_size, about, chance)
         try:
-            atomic_write(out / name, lambda fg, f: fg.savefig(f, format="png"), fig)
+            atomic_write(out / name, lambda fg, f: f.write(png_bytes(fg)), fig)
         finally:
             plt.close(fig)
+
+
+def png_bytes(fig) -> bytes:
+    """A figure as PNG, drawn in memory: the file is then one plain write (a full disk is one error naming it, not
+    matplotlib's or PIL's traceback)."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    return buffer.getvalue()
 
 
 def summarise(rows: list[dict]) -> Summary:
