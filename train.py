@@ -75,7 +75,7 @@ from vit_rope.training.naflex import batch_to, images_in, loss_scale, naflex_loa
 from vit_rope.training.plan import Run, plan_runs
 from vit_rope.training.report import FINETUNE_PROTOCOL as FINETUNE  # (the rows of a model fine-tuned at the size)
 from vit_rope.training.report import write_results
-from vit_rope.training.rng import all_rng_states, restore_rng_state, seed_everything
+from vit_rope.training.rng import SeededItems, all_rng_states, restore_rng_state, seed_everything
 from vit_rope.training.settings import DEFAULTS, Settings, parse, read_yaml, resumed
 from vit_rope.training.weights import (
     check_record,
@@ -458,10 +458,12 @@ def class_names(ds: Dataset | None) -> list[str] | None:
 
 # ------------------------------------------------------------------------------------------------------ data
 def make_loader(ds: Dataset, settings: Settings, train: bool, epoch: int) -> DataLoader:
-    """Epoch-seeded shuffling, sharded over ranks: the order depends only on (seed, epoch), so resuming works."""
+    """Epoch-seeded shuffling, sharded over ranks: the order, and each training sample's augmentation, depend only on
+    (seed, epoch) and the sample, whatever the number of workers, so resuming works, with other --workers too."""
     rank, world = rank_world()
     n = len(ds)
-    if train:
+    if train:  # each sample's augmentation drawn from (seed, epoch, index): the same batches for any --workers
+        ds = SeededItems(ds, settings.seed * 100_003 + epoch)
         g = torch.Generator().manual_seed(settings.seed * 100_003 + epoch)
         order = torch.randperm(n, generator=g).tolist()
         order = order[: n - n % world] if world > 1 else order
@@ -806,6 +808,7 @@ def finetune_loader(ds: Dataset, settings: Settings, size: int) -> DataLoader:
     order: list[int] = []
     while len(order) < need:
         order += torch.randperm(len(ds), generator=g).tolist()
+    ds = SeededItems(ds, settings.seed * 100_003 + size + 2**61)  # (augmentation: the same for any --workers)
     return DataLoader(torch.utils.data.Subset(ds, order[:need][rank::world]), batch_size=settings.batch_size,
                       shuffle=False, num_workers=settings.workers, drop_last=True,
                       pin_memory=pin_memory(settings))  # fmt: skip
