@@ -395,7 +395,12 @@ def checked_model(run: Run, data: Data) -> tuple[list[str], torch.nn.Module]:
                 f"error: {spec} takes none of --{key.replace('_', '-')} {list(getattr(settings, key))} (it takes "
                 f"{list(model.rope_scaling_modes())}); add one of those"
             )
-    return scaling_modes(model, settings.rope_scaling), model
+    modes = scaling_modes(model, settings.rope_scaling)
+    collapsed = [m for m in settings.rope_scaling if m in getattr(model, "rope_scaling_modes", tuple)()]
+    if len(collapsed) > len(modes) and rank_world()[0] == 0:
+        print(f"[{spec}{where}] its RoPE coordinates are normalised (rope_coords=normalized), so --rope-scaling "
+              f"{' '.join(collapsed)} all compute the same: evaluated once, as {modes[0]}", flush=True)  # fmt: skip
+    return modes, model
 
 
 def check_head(run: Run, model: torch.nn.Module, data: Data) -> None:

@@ -1162,3 +1162,24 @@ def test_any_workers_give_the_same_augmented_batches_and_a_resume_may_change_the
     monkeypatch.undo()
     train.main(["--output", str(tmp_path / "killed"), "--resume", "--workers", "2"])
     same_run(tmp_path / "killed", tmp_path / "full")
+
+
+def test_scaling_modes_that_compute_the_same_are_evaluated_once(tmp_path, capsys):
+    """Under rope_coords=normalized every mode computes the same (checked here on the model): one row per size,
+    as none, and a line naming the modes it stands for."""
+    modes = ["none", "pi", "ntk", "yarn", "normalized"]
+    model = timm.create_model("vit_rope_tiny", rope_coords="normalized", img_size=16, patch_size=8, depth=1,
+                              embed_dim=32, num_heads=2).eval()  # fmt: skip
+    x = torch.randn(2, 3, 24, 24)
+    outputs = []
+    for mode in modes:
+        model.set_rope_scaling(mode)
+        with torch.no_grad():
+            outputs.append(model(x))
+    assert all(torch.equal(outputs[0], o) for o in outputs[1:])
+    args = [*ONE, "--model-kwargs", *TINY_KWARGS[1:], "rope_coords=normalized", "--eval-sizes", "16", "24"]
+    rows = train.main([*args, "--rope-scaling", *modes, "--epochs", "1", "--no-native-eval", "--output", str(tmp_path)])
+    assert [(r["eval_size"], r["rope_scaling"]) for r in rows] == [(16, "none"), (24, "none")]
+    assert "--rope-scaling none pi ntk yarn normalized all compute the same: evaluated once, as none" in (
+        capsys.readouterr().out
+    )

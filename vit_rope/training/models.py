@@ -250,6 +250,18 @@ def check_input_sizes(settings: Settings, spec: str, model: torch.nn.Module, whe
 
 
 def scaling_modes(model: torch.nn.Module, modes: tuple[str, ...]) -> list[str]:
-    """The ``--rope-scaling`` modes that apply to this model ('-' for a model without RoPE)."""
+    """The ``--rope-scaling`` modes that apply to this model ('-' for a model without RoPE), each a distinct one: a
+    model whose RoPE coordinates are normalised (``rope_coords=normalized``: they span the image whatever its size,
+    so no mode rescales them) computes the same under every mode, and its modes collapse to one (``none`` where
+    given): one row, not five equal ones with one of them "best"."""
     own = model.rope_scaling_modes() if hasattr(model, "rope_scaling_modes") else ()
-    return [m for m in modes if m in own] if own else ["-"]
+    taken = [m for m in modes if m in own] if own else ["-"]
+    if len(taken) > 1 and same_under_every_mode(model):
+        return ["none"] if "none" in taken else taken[:1]
+    return taken
+
+
+def same_under_every_mode(model: torch.nn.Module) -> bool:
+    """Whether every RoPE scaling mode computes the same for ``model``: its position encoding's coordinates are
+    normalised (the encoding then scales by 1 under every mode)."""
+    return getattr(getattr(model, "position_encoding", None), "coords", None) == "normalized"
