@@ -63,6 +63,7 @@ from vit_rope.training.folder import (
     remove_run_files,
     write_json,
 )
+from vit_rope.training.memory import check_eval_memory
 from vit_rope.training.models import (
     build_model,
     check_input_sizes,
@@ -191,8 +192,8 @@ def preflight(plan: list[Run]) -> dict[str, tuple[Data, list[str], list[str]]]:
     """The optimizer, the data and every model (under each recipe) built once on the CPU before anything is written,
     so that what would fail later fails now: an optimizer timm lacks, a dataset that is missing or unreadable, a
     kwarg the model refuses or one that makes its outputs non-finite, weights that do not fit, eval or training sizes
-    it does not take. Returns run tag → (data, the model's scaling modes, those it fine-tunes under); runs that agree on
-    the data share it."""
+    it does not take, or whose evaluation cannot fit the machine's memory (:mod:`~vit_rope.training.memory`). Returns
+    run tag → (data, the model's scaling modes, those it fine-tunes under); runs that agree on the data share it."""
     for settings in {run.recipe: run.settings for run in plan}.values():
         try:  # timm's names: its own error says which it knows
             make_optimizer(torch.nn.Linear(1, 1), settings, steps=1)
@@ -207,6 +208,9 @@ def preflight(plan: list[Run]) -> dict[str, tuple[Data, list[str], list[str]]]:
         check_batches(run, data[key])
         if (run.spec, run.recipe) not in models:
             models[run.spec, run.recipe] = checked_model(run, data[key])
+            n_val = len(data[key].eval_set(run.settings.img_size, "resize"))
+            device = resolve_device(run.settings.device)
+            check_eval_memory(run.settings, run.spec, models[run.spec, run.recipe][1], n_val, device)
         modes, model = models[run.spec, run.recipe]
         tuned = scaling_modes(model, run.settings.finetune_scaling) if run.settings.finetune_sizes else []
         if run.settings.resume:  # everything the resumed run reads back, checked before anything changes

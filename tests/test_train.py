@@ -599,6 +599,8 @@ def test_a_failed_command_leaves_the_previous_run_as_it_was(case, finished_run, 
         (["--model-kwargs", "patch_size=8", "img_size=64"],
          "the model kwarg img_size=64 differs from --img-size 16.*leave img_size out of the model kwargs"),
         (["--model-kwargs", "patch_size=8", "num_classes=3"], "num_classes=3 in the model kwargs; the class count"),
+        (["--eval-sizes", "16", "40000"], r"--eval-sizes 40000: evaluating vit_ape_tiny there needs about .* GiB "
+         r"\(25,000,000 tokens an image, batches of 32\), more than the .* GiB of cpu; give a smaller --eval-batch"),
         (["--scale", "0.5"], "scale must be two numbers"),
         (["--scale", "0", "1"], "scale must be two numbers"),
         (["--seed", "-1"], "seed must be in"),
