@@ -930,8 +930,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         if rank == 0:
             data = checked[plan[0].tag][0]
             about = f"{settings.dataset}, trained at {settings.img_size} px for {settings.epochs} epochs"
-            write_results(rows, out, settings.img_size, about, chance=100 / data.num_classes)
-            print((out / "results.md").read_text())
+            print(write_results(rows, out, settings.img_size, about, chance=100 / data.num_classes))
             print(f"wrote {', '.join(str(out / f) for f in RESULT_FILES)}")
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -1185,3 +1185,22 @@ def test_scaling_modes_that_compute_the_same_are_evaluated_once(tmp_path, capsys
     assert "--rope-scaling none pi ntk yarn normalized all compute the same: evaluated once, as none" in (
         capsys.readouterr().out
     )
+
+
+def test_the_printed_results_are_the_ones_written_never_a_file_planted_after(tmp_path, monkeypatch, capsys):
+    """results.md is printed from what the run wrote, not read back by path: a link planted there afterwards (to
+    a file of someone else's) is neither followed nor printed."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not the run's")
+    write = train.write_results
+
+    def then_a_link(rows, out, *args, **kwargs):
+        text = write(rows, out, *args, **kwargs)
+        (out / "results.md").unlink()
+        (out / "results.md").symlink_to(secret)
+        return text
+
+    monkeypatch.setattr(train, "write_results", then_a_link)
+    train.main([*ONE, "--epochs", "1", "--output", str(tmp_path / "run")])
+    printed = capsys.readouterr().out
+    assert "not the run's" not in printed and "| vit_rope_tiny |" in printed
