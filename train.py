@@ -123,12 +123,19 @@ def started_from(settings: Settings) -> Settings:
 
 
 def check_folder(settings: Settings, plan: list[Run]) -> list[Path]:
-    """--output can hold the run, and a fresh run replaces no earlier one unasked: it is refused where a run's files
-    are (its config.yaml, results or log, or a run's checkpoint, weights or results where this one would write
-    them), unless --resume or --overwrite, and --overwrite of a run that --initial-checkpoint lies in (it would
-    delete the files of the folder the weights come from: a model folder no more); returns the folders of the earlier
-    runs --overwrite deletes the files of (by name)."""
+    """--output can hold the run (outside --data-dir), and a fresh run replaces no earlier one unasked: it is refused
+    where a run's files are (its config.yaml, results or log, or a run's checkpoint, weights or results where this
+    one would write them), unless --resume or --overwrite, and --overwrite of a run that --initial-checkpoint lies in
+    (it would delete the files of the folder the weights come from: a model folder no more); returns the folders of
+    the earlier runs --overwrite deletes the files of (by name)."""
     out = check_output(settings.output)
+    data = Path(settings.data_dir).expanduser().resolve()
+    if settings.dataset not in ("synthetic", "synthetic_video") and out.is_relative_to(data):
+        raise SystemExit(
+            f"error: --output {out} lies in --data-dir {data}: the run's figures and folders would become images and "
+            "classes of the dataset (a folder dataset reads every folder of train/ as a class); choose an --output "
+            "outside --data-dir"
+        )
     check_own_files(out, [run.folder for run in plan])
     earlier = out / "config.yaml"
     found = [out / f for f in RUN_FILES] + [run.folder / f for run in plan for f in MODEL_FILES]
@@ -890,6 +897,9 @@ def model_results(run: Run, checked: tuple[Data, list[str], list[str]], trained:
 def main(argv: list[str] | None = None) -> list[dict]:
     # every check first: a command that fails leaves --output as it was
     settings, given = parse_config(argv)
+    saved = Path(settings.output) / "config.yaml"
+    if settings.resume and not (saved.exists() or saved.is_symlink()) and rank_world()[0] == 0:
+        print(f"--resume: {settings.output} holds no run to continue (no config.yaml); starting one", flush=True)
     settings = resumed(settings, given)
     import_modules(settings.imports)  # the user's own families and models, named on this command line only
     resolve_device(settings.device)

@@ -599,6 +599,7 @@ def test_a_failed_command_leaves_the_previous_run_as_it_was(case, finished_run, 
         (["--model-kwargs", "patch_size=8", "img_size=64"],
          "the model kwarg img_size=64 differs from --img-size 16.*leave img_size out of the model kwargs"),
         (["--model-kwargs", "patch_size=8", "num_classes=3"], "num_classes=3 in the model kwargs; the class count"),
+        (["--resume", "--overwrite"], "--resume continues the run in --output and --overwrite deletes it .*one of"),
         (["--eval-sizes", "16", "40000"], r"--eval-sizes 40000: evaluating vit_ape_tiny there needs about .* GiB "
          r"\(25,000,000 tokens an image, batches of 32\), more than the .* GiB of cpu; give a smaller --eval-batch"),
         (["--scale", "0.5"], "scale must be two numbers"),
@@ -1204,3 +1205,18 @@ def test_the_printed_results_are_the_ones_written_never_a_file_planted_after(tmp
     train.main([*ONE, "--epochs", "1", "--output", str(tmp_path / "run")])
     printed = capsys.readouterr().out
     assert "not the run's" not in printed and "| vit_rope_tiny |" in printed
+
+
+def test_an_output_inside_the_data_is_refused(tmp_path):
+    """The run's figures and folders inside a folder dataset's train/ would become a class of its next run."""
+    make_imagefolder(tmp_path / "data", classes=2, per_class=2)
+    for out in (tmp_path / "data" / "train" / "runs", tmp_path / "data"):
+        with pytest.raises(SystemExit, match=r"--output .* lies in --data-dir .*; choose an --output outside"):
+            train.main([*ONE, "--dataset", "imagefolder", "--data-dir", str(tmp_path / "data"), "--batch-size", "2",
+                        "--output", str(out)])  # fmt: skip
+    assert sorted(p.name for p in (tmp_path / "data" / "train").iterdir()) == ["class0", "class1"]
+
+
+def test_resume_with_no_run_to_continue_says_it_starts_one(tmp_path, capsys):
+    train.main([*ONE, "--epochs", "1", "--resume", "--output", str(tmp_path / "new")])
+    assert "holds no run to continue (no config.yaml); starting one" in capsys.readouterr().out

@@ -219,6 +219,11 @@ class Settings:
         dropped = none_kwargs(self.model_kwargs)
         if dropped:
             raise SystemExit(dropped_message(f"--model-kwargs {dropped[0]}=null"))
+        if self.resume and self.overwrite:
+            raise SystemExit(
+                "error: --resume continues the run in --output and --overwrite deletes it to start anew; give one of "
+                "them"
+            )
         if self.eval_only and not (self.initial_checkpoint or self.pretrained):
             raise SystemExit("error: --eval-only needs --initial-checkpoint PATH or --pretrained")
         for name in self.recipes:
