@@ -100,6 +100,26 @@ def parse_config(argv: list[str] | None = None) -> tuple[Settings, dict]:
 
 
 # ------------------------------------------------------------------------------------- checks before a run
+# a setting that acts only with another: (the setting, the one it needs, whether a run's settings have that one)
+NEEDS = (("seq_lens", "--naflex", lambda s: s.naflex), ("naflex_loss_scale", "--naflex", lambda s: s.naflex),
+         ("finetune_steps", "--finetune-sizes", lambda s: s.finetune_sizes),
+         ("finetune_lr", "--finetune-sizes", lambda s: s.finetune_sizes),
+         ("finetune_scaling", "--finetune-sizes", lambda s: s.finetune_sizes),
+         ("allow_transfer", "--initial-checkpoint", lambda s: s.initial_checkpoint),
+         ("ema_decay", "--ema", lambda s: s.ema))  # fmt: skip
+
+
+def idle_settings(given: dict, runs: list[Settings]) -> list[str]:
+    """One line for each setting the command line (or a --config it names) gives that no run uses, because the
+    setting it acts with is off in every recipe (--seq-lens without --naflex, say): it takes no effect, and says so
+    before anything changes."""
+    return [
+        f"note: --{key.replace('_', '-')} takes no effect without {flag} (no run has it)"
+        for key, flag, on in NEEDS
+        if key in given and not any(on(s) for s in runs)
+    ]
+
+
 def started_from(settings: Settings) -> Settings:
     """The settings with the sha256 of --initial-checkpoint's weights (hashed once, here), which config.yaml records:
     a resumed run whose recorded hash differs (the file was replaced since the run began, and its results would mix
@@ -709,6 +729,11 @@ def train_model(run: Run, data: Data, device: torch.device) -> torch.nn.Module:
             print(f"[{run.tag}] resumed after epoch {start} of {settings.epochs}", flush=True)
     if settings.resume and rank == 0:
         drop_log_rows(out / "log.csv", run.tag, after=start)
+        logged = {int(r["epoch"]) for r in read_log(out / "log.csv") if r["model"] == run.tag}
+        lacks = sorted(set(range(1, start + 1)) - logged)
+        if lacks:
+            print(f"[{run.tag}] log.csv lacks epoch(s) {lacks[:5]} of the checkpoint's {start} (an edited or deleted "
+                  "log): they are not trained again, so their rows stay missing", flush=True)  # fmt: skip
     evaluated = training.ema.module if training.ema is not None else model
     validated = compiled(evaluated, settings)
     for epoch in range(start, settings.epochs):
@@ -914,6 +939,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if resolve_device(settings.device).type == "cpu" and one_process and "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(os.cpu_count() or 1)
     plan = plan_runs(settings)
+    for note in idle_settings(given, [run.settings for run in plan]) if rank_world()[0] == 0 else []:
+        print(note, flush=True)
     earlier = check_folder(settings, plan)
     trained = check_epochs(settings, plan)
     checked = preflight(plan)
@@ -940,6 +967,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         if rank == 0:
             data = checked[plan[0].tag][0]
             about = f"{settings.dataset}, trained at {settings.img_size} px for {settings.epochs} epochs"
+            if settings.eval_only:  # (nothing was trained here: --epochs says nothing of the weights)
+                start = Path(settings.initial_checkpoint).name if settings.initial_checkpoint else "pretrained"
+                about = f"{settings.dataset}, {start} weights evaluated at {settings.img_size} px (not trained here)"
             print(write_results(rows, out, settings.img_size, about, chance=100 / data.num_classes))
             print(f"wrote {', '.join(str(out / f) for f in RESULT_FILES)}")
     if dist.is_initialized():

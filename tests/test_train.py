@@ -1220,3 +1220,35 @@ def test_an_output_inside_the_data_is_refused(tmp_path):
 def test_resume_with_no_run_to_continue_says_it_starts_one(tmp_path, capsys):
     train.main([*ONE, "--epochs", "1", "--resume", "--output", str(tmp_path / "new")])
     assert "holds no run to continue (no config.yaml); starting one" in capsys.readouterr().out
+
+
+def test_a_setting_that_takes_no_effect_says_so(tmp_path, capsys):
+    train.main([*ONE, "--epochs", "1", "--seq-lens", "5", "--finetune-steps", "5", "--allow-transfer",
+                "--ema-decay", "0.5", "--output", str(tmp_path / "run")])  # fmt: skip
+    out = capsys.readouterr().out
+    for flag, needs in (("seq-lens", "naflex"), ("finetune-steps", "finetune-sizes"),
+                        ("allow-transfer", "initial-checkpoint"), ("ema-decay", "ema")):  # fmt: skip
+        assert f"note: --{flag} takes no effect without --{needs} (no run has it)" in out
+
+
+def test_a_resumed_log_that_lacks_epochs_says_so(tmp_path, capsys):
+    run = tmp_path / "run"
+    train.main([*ONE, "--epochs", "2", "--output", str(run)])
+    rows = read_csv(run / "log.csv")
+    with open(run / "log.csv", "w", newline="") as f:  # (epoch 2's row lost, its checkpoint kept)
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows[:1])
+    capsys.readouterr()
+    train.main(["--output", str(run), "--resume", "--epochs", "3"])
+    assert "[vit_rope_tiny] log.csv lacks epoch(s) [2] of the checkpoint's 2" in capsys.readouterr().out
+
+
+def test_eval_only_figures_do_not_claim_a_training(finished_run, tmp_path, monkeypatch):
+    said = []
+    write = train.write_results
+    monkeypatch.setattr(train, "write_results", lambda rows, out, size, about, **kw: said.append(about) or write(
+        rows, out, size, about, **kw))  # fmt: skip
+    weights = finished_run / "vit_rope_tiny" / "model.safetensors"
+    train.main([*ONE, "--eval-only", "--initial-checkpoint", str(weights), "--output", str(tmp_path / "ev")])
+    assert said == ["synthetic, model.safetensors weights evaluated at 16 px (not trained here)"]
