@@ -546,7 +546,7 @@ FAILING_RUNS = [
     ("crop scale", ["--scale", "0.5", "0.2"], "scale must be two numbers a b with 0 < a <= b <= 1"),
     ("eval-only without weights", ["--eval-only"], "--eval-only needs --initial-checkpoint PATH or --pretrained"),
     ("missing checkpoint", ["--initial-checkpoint", "{tmp}/none.pt"], "none.pt' does not exist"),
-    ("weights of another model", ["--eval-only", "--initial-checkpoint", "{run}/vit_rope_tiny/model.safetensors"],
+    ("weights of another model", ["--eval-only", "--initial-checkpoint", "{tmp}/rope.safetensors"],
      r"does not fit vit_ape_tiny: .*lacks the model's \['pos_embed'\]"),
     ("unknown optimizer", ["--opt", "nope"], "--opt nope with --sched cosine: Optimizer nope not found"),
     ("eval-only of weights in the run --overwrite replaces",
@@ -573,6 +573,7 @@ def test_a_failed_command_leaves_the_previous_run_as_it_was(case, finished_run, 
     run = tmp_path / "run"
     shutil.copytree(finished_run, run)
     (tmp_path / "bad.yaml").write_text("epochs: 2\neval_sizes: [16, 24\n")
+    shutil.copy(finished_run / "vit_rope_tiny" / "model.safetensors", tmp_path / "rope.safetensors")
     args = [a.format(tmp=tmp_path, run=run) for a in args]
     before = snapshot(run)
     fresh = [*TINY, "--output", str(run), "--overwrite", *args]  # --overwrite: past the refusal of a fresh run there
