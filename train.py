@@ -143,14 +143,14 @@ def started_from(settings: Settings) -> Settings:
 
 
 def check_folder(settings: Settings, plan: list[Run]) -> list[Path]:
-    """--output can hold the run (outside --data-dir), and a fresh run replaces no earlier one unasked: it is refused
-    where a run's files are (its config.yaml, results or log, or a run's checkpoint, weights or results where this
-    one would write them), unless --resume or --overwrite, and --overwrite of a run that --initial-checkpoint lies in
-    (it would delete the files of the folder the weights come from: a model folder no more); returns the folders of
-    the earlier runs --overwrite deletes the files of (by name)."""
+    """--output can hold the run (outside a folder dataset's --data-dir), and a fresh run replaces no earlier one
+    unasked: it is refused where a run's files are (its config.yaml, results or log, or a run's checkpoint, weights
+    or results where this one would write them), unless --resume or --overwrite, and --overwrite of a run that
+    --initial-checkpoint lies in (it would delete the files of the folder the weights come from: a model folder no
+    more); returns the folders of the earlier runs --overwrite deletes the files of (by name)."""
     out = check_output(settings.output)
     data = Path(settings.data_dir).expanduser().resolve()
-    if settings.dataset not in ("synthetic", "synthetic_video") and out.is_relative_to(data):
+    if settings.dataset in ("imagefolder", "clipfolder") and out.is_relative_to(data):  # (the folders it reads)
         raise SystemExit(
             f"error: --output {out} lies in --data-dir {data}: the run's figures and folders would become images and "
             "classes of the dataset (a folder dataset reads every folder of train/ as a class); choose an --output "
