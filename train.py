@@ -21,6 +21,7 @@ lock on the folder and writes only its own files there. What --resume does with 
 """
 
 import copy
+import io
 import json
 import math
 import os
@@ -46,6 +47,7 @@ from tqdm import tqdm
 from vit_rope.training.data import Data, DataError, build_data
 from vit_rope.training.distributed import all_sum, rank_world, resolve_device, setup_distributed
 from vit_rope.training.folder import (
+    DISK_FULL,
     MODEL_FILES,
     RESULT_FILES,
     RUN_FILES,
@@ -53,6 +55,7 @@ from vit_rope.training.folder import (
     atomic_write,
     check_output,
     check_own_files,
+    disk_error,
     drop_log_rows,
     locked,
     read_log,
@@ -60,6 +63,7 @@ from vit_rope.training.folder import (
     remove_run_files,
     write_json,
 )
+from vit_rope.training.memory import check_eval_memory
 from vit_rope.training.models import (
     build_model,
     check_input_sizes,
@@ -72,11 +76,13 @@ from vit_rope.training.naflex import batch_to, images_in, loss_scale, naflex_loa
 from vit_rope.training.plan import Run, plan_runs
 from vit_rope.training.report import FINETUNE_PROTOCOL as FINETUNE  # (the rows of a model fine-tuned at the size)
 from vit_rope.training.report import write_results
-from vit_rope.training.rng import all_rng_states, restore_rng_state, seed_everything
+from vit_rope.training.rng import SeededItems, all_rng_states, restore_rng_state, seed_everything
 from vit_rope.training.settings import DEFAULTS, Settings, parse, read_yaml, resumed
 from vit_rope.training.weights import (
     check_record,
+    file_sha256,
     read_checkpoint,
+    recorded_labels,
     resume_remedy,
     save_model_folder,
     timm_config,
@@ -94,18 +100,75 @@ def parse_config(argv: list[str] | None = None) -> tuple[Settings, dict]:
 
 
 # ------------------------------------------------------------------------------------- checks before a run
+# a setting that acts only with another: (the setting, the one it needs, whether a run's settings have that one)
+NEEDS = (("seq_lens", "--naflex", lambda s: s.naflex), ("naflex_loss_scale", "--naflex", lambda s: s.naflex),
+         ("finetune_steps", "--finetune-sizes", lambda s: s.finetune_sizes),
+         ("finetune_lr", "--finetune-sizes", lambda s: s.finetune_sizes),
+         ("finetune_scaling", "--finetune-sizes", lambda s: s.finetune_sizes),
+         ("allow_transfer", "--initial-checkpoint", lambda s: s.initial_checkpoint),
+         ("ema_decay", "--ema", lambda s: s.ema))  # fmt: skip
+
+
+def idle_settings(given: dict, runs: list[Settings]) -> list[str]:
+    """One line for each setting the command line (or a --config it names) gives that no run uses, because the
+    setting it acts with is off in every recipe (--seq-lens without --naflex, say): it takes no effect, and says so
+    before anything changes."""
+    return [
+        f"note: --{key.replace('_', '-')} takes no effect without {flag} (no run has it)"
+        for key, flag, on in NEEDS
+        if key in given and not any(on(s) for s in runs)
+    ]
+
+
+def started_from(settings: Settings) -> Settings:
+    """The settings with the sha256 of --initial-checkpoint's weights (hashed once, here), which config.yaml records:
+    a resumed run whose recorded hash differs (the file was replaced since the run began, and its results would mix
+    rows of two weight files), or a fresh one given --initial-checkpoint-sha256 of another file, is one line."""
+    start = settings.initial_checkpoint
+    if not start:
+        return replace(settings, initial_checkpoint_sha256=None)
+    path, digest, recorded = weights_file(start), file_sha256(start), settings.initial_checkpoint_sha256
+    if recorded and recorded != digest:
+        if settings.resume:
+            raise SystemExit(
+                f"error: --resume: the run in {settings.output} started from --initial-checkpoint {path} of sha256 "
+                f"{recorded[:12]}..., and that file now has sha256 {digest[:12]}...: its results would mix two weight "
+                "files; put the original file back, or start a new run with another --output"
+            )
+        raise SystemExit(
+            f"error: --initial-checkpoint {path} has sha256 {digest[:12]}..., not --initial-checkpoint-sha256 "
+            f"{recorded[:12]}...; point it at the file of that hash, or leave --initial-checkpoint-sha256 out"
+        )
+    return replace(settings, initial_checkpoint_sha256=digest)
+
+
 def check_folder(settings: Settings, plan: list[Run]) -> list[Path]:
-    """--output can hold the run, and a fresh run replaces no earlier one unasked: it is refused where a run's files
-    are (its config.yaml, results or log, or a run's checkpoint, weights or results where this one would write
-    them), unless --resume or --overwrite; returns the folders of the earlier runs --overwrite deletes the files of
-    (by name)."""
+    """--output can hold the run (outside a folder dataset's --data-dir), and a fresh run replaces no earlier one
+    unasked: it is refused where a run's files are (its config.yaml, results or log, or a run's checkpoint, weights
+    or results where this one would write them), unless --resume or --overwrite, and --overwrite of a run that
+    --initial-checkpoint lies in (it would delete the files of the folder the weights come from: a model folder no
+    more); returns the folders of the earlier runs --overwrite deletes the files of (by name)."""
     out = check_output(settings.output)
+    data = Path(settings.data_dir).expanduser().resolve()
+    if settings.dataset in ("imagefolder", "clipfolder") and out.is_relative_to(data):  # (the folders it reads)
+        raise SystemExit(
+            f"error: --output {out} lies in --data-dir {data}: the run's figures and folders would become images and "
+            "classes of the dataset (a folder dataset reads every folder of train/ as a class); choose an --output "
+            "outside --data-dir"
+        )
     check_own_files(out, [run.folder for run in plan])
     earlier = out / "config.yaml"
     found = [out / f for f in RUN_FILES] + [run.folder / f for run in plan for f in MODEL_FILES]
     found = [p for p in found if p.exists() or p.is_symlink()]
     if settings.resume or not found:
         return []
+    start = settings.initial_checkpoint
+    if settings.overwrite and start and Path(start).resolve().is_relative_to(out):
+        raise SystemExit(
+            f"error: --initial-checkpoint {start} lies in --output {out}, whose run --overwrite replaces (deleting "
+            "the config.json, checkpoint.pt and results of its model folders, and its config.yaml): the weights would "
+            "outlive their folder; copy the folder out of --output first (cp -r), or choose another --output"
+        )
     if not settings.overwrite:
         raise SystemExit(
             f"error: {out} holds a run already ({found[0]}); continue it with --resume, or replace it with "
@@ -156,8 +219,8 @@ def preflight(plan: list[Run]) -> dict[str, tuple[Data, list[str], list[str]]]:
     """The optimizer, the data and every model (under each recipe) built once on the CPU before anything is written,
     so that what would fail later fails now: an optimizer timm lacks, a dataset that is missing or unreadable, a
     kwarg the model refuses or one that makes its outputs non-finite, weights that do not fit, eval or training sizes
-    it does not take. Returns run tag → (data, the model's scaling modes, those it fine-tunes under); runs that agree on
-    the data share it."""
+    it does not take, or whose evaluation cannot fit the machine's memory (:mod:`~vit_rope.training.memory`). Returns
+    run tag → (data, the model's scaling modes, those it fine-tunes under); runs that agree on the data share it."""
     for settings in {run.recipe: run.settings for run in plan}.values():
         try:  # timm's names: its own error says which it knows
             make_optimizer(torch.nn.Linear(1, 1), settings, steps=1)
@@ -172,6 +235,9 @@ def preflight(plan: list[Run]) -> dict[str, tuple[Data, list[str], list[str]]]:
         check_batches(run, data[key])
         if (run.spec, run.recipe) not in models:
             models[run.spec, run.recipe] = checked_model(run, data[key])
+            n_val = len(data[key].eval_set(run.settings.img_size, "resize"))
+            device = resolve_device(run.settings.device)
+            check_eval_memory(run.settings, run.spec, models[run.spec, run.recipe][1], n_val, device)
         modes, model = models[run.spec, run.recipe]
         tuned = scaling_modes(model, run.settings.finetune_scaling) if run.settings.finetune_sizes else []
         if run.settings.resume:  # everything the resumed run reads back, checked before anything changes
@@ -320,6 +386,7 @@ def checked_model(run: Run, data: Data) -> tuple[list[str], torch.nn.Module]:
     returns the --rope-scaling modes it takes and the model."""
     settings, spec, where = run.settings, run.spec, f" (recipe {run.recipe})" if run.recipe else ""
     model = build_model(settings, spec, num_classes=data.num_classes).eval()
+    check_head(run, model, data)
     check_input_sizes(settings, spec, model, where)
     if (settings.naflex or settings.eval_seq_lens) and not callable(getattr(model, "get_patch_size", None)):
         raise SystemExit(
@@ -359,7 +426,49 @@ def checked_model(run: Run, data: Data) -> tuple[list[str], torch.nn.Module]:
                 f"error: {spec} takes none of --{key.replace('_', '-')} {list(getattr(settings, key))} (it takes "
                 f"{list(model.rope_scaling_modes())}); add one of those"
             )
-    return scaling_modes(model, settings.rope_scaling), model
+    modes = scaling_modes(model, settings.rope_scaling)
+    collapsed = [m for m in settings.rope_scaling if m in getattr(model, "rope_scaling_modes", tuple)()]
+    if len(collapsed) > len(modes) and rank_world()[0] == 0:
+        print(f"[{spec}{where}] its RoPE coordinates are normalised (rope_coords=normalized), so --rope-scaling "
+              f"{' '.join(collapsed)} all compute the same: evaluated once, as {modes[0]}", flush=True)  # fmt: skip
+    return modes, model
+
+
+def check_head(run: Run, model: torch.nn.Module, data: Data) -> None:
+    """The classifier the starting weights give: --eval-only evaluates only a head it loaded, so a class count
+    other than the data's (a head initialised anew) is one line, and so are class names (in order: a permutation
+    would mislabel every class) other than the ones the checkpoint's folder records (config.json's label_names).
+    Training from such weights (a transfer) keeps the new head, and says so in one line."""
+    settings = run.settings
+    start = f"--initial-checkpoint {settings.initial_checkpoint}" if settings.initial_checkpoint else "--pretrained"
+    new = getattr(model, "vit_rope_new_head", [])
+    if new and settings.eval_only:
+        raise SystemExit(
+            f"error: --eval-only of {run.spec}: {start} has a classifier of another class count than the "
+            f"{data.num_classes} classes of --dataset {settings.dataset}, so {new[0]} would be a new, random one; "
+            "eval-only evaluates only a head it loaded: evaluate on data of the checkpoint's classes, or train "
+            "(without --eval-only) to fit a new head"
+        )
+    quiet = rank_world()[0] != 0
+    if new and not quiet:
+        print(f"[{run.tag}] {start}: its classifier has another class count; the head ({', '.join(new[:2])}) is "
+              f"new, initialised for {data.num_classes} classes", flush=True)  # fmt: skip
+    labels = recorded_labels(settings.initial_checkpoint) if settings.initial_checkpoint and not new else None
+    names = class_names(data.train) or class_names(data.eval_set(settings.img_size, "resize"))
+    if not labels or not names or labels == names:
+        return
+    pairs = zip(labels, names, strict=False)
+    differ = next((i for i, (a, b) in enumerate(pairs) if a != b), min(len(labels), len(names)))
+    name = lambda names: repr(names[differ][:40]) if differ < len(names) else "missing"  # noqa: E731
+    what = (f"class {differ} is {name(names)} in --dataset {settings.dataset} and {name(labels)} in the "
+            "checkpoint's config.json label_names")  # fmt: skip
+    if settings.eval_only:
+        raise SystemExit(
+            f"error: --eval-only of {run.spec}: {start} was trained on other classes ({what}); its head would "
+            "mislabel them: evaluate on data whose classes (and their order) are the checkpoint's"
+        )
+    if not quiet:
+        print(f"[{run.tag}] {start} was trained on other classes ({what}): its head starts from theirs", flush=True)
 
 
 def folder_config(run: Run, model: torch.nn.Module, data: Data) -> dict:
@@ -385,10 +494,12 @@ def class_names(ds: Dataset | None) -> list[str] | None:
 
 # ------------------------------------------------------------------------------------------------------ data
 def make_loader(ds: Dataset, settings: Settings, train: bool, epoch: int) -> DataLoader:
-    """Epoch-seeded shuffling, sharded over ranks: the order depends only on (seed, epoch), so resuming works."""
+    """Epoch-seeded shuffling, sharded over ranks: the order, and each training sample's augmentation, depend only on
+    (seed, epoch) and the sample, whatever the number of workers, so resuming works, with other --workers too."""
     rank, world = rank_world()
     n = len(ds)
-    if train:
+    if train:  # each sample's augmentation drawn from (seed, epoch, index): the same batches for any --workers
+        ds = SeededItems(ds, settings.seed * 100_003 + epoch)
         g = torch.Generator().manual_seed(settings.seed * 100_003 + epoch)
         order = torch.randperm(n, generator=g).tolist()
         order = order[: n - n % world] if world > 1 else order
@@ -618,6 +729,11 @@ def train_model(run: Run, data: Data, device: torch.device) -> torch.nn.Module:
             print(f"[{run.tag}] resumed after epoch {start} of {settings.epochs}", flush=True)
     if settings.resume and rank == 0:
         drop_log_rows(out / "log.csv", run.tag, after=start)
+        logged = {int(r["epoch"]) for r in read_log(out / "log.csv") if r["model"] == run.tag}
+        lacks = sorted(set(range(1, start + 1)) - logged)
+        if lacks:
+            print(f"[{run.tag}] log.csv lacks epoch(s) {lacks[:5]} of the checkpoint's {start} (an edited or deleted "
+                  "log): they are not trained again, so their rows stay missing", flush=True)  # fmt: skip
     evaluated = training.ema.module if training.ema is not None else model
     validated = compiled(evaluated, settings)
     for epoch in range(start, settings.epochs):
@@ -654,9 +770,27 @@ def save_checkpoint(
 ) -> None:
     """The evaluated weights as a timm model folder (model.safetensors, its metadata the model's record, and timm's
     config.json) and the resume state (checkpoint.pt), each written atomically."""
-    folder.mkdir(exist_ok=True)
+    made(folder)
     save_model_folder(folder, evaluated, record, config)
-    atomic_write(folder / "checkpoint.pt", torch.save, state)
+    atomic_write(folder / "checkpoint.pt", lambda s, f: f.write(torch_bytes(s)), state)
+
+
+def torch_bytes(obj: object) -> bytes:
+    """``torch.save`` into memory: the file is then one plain write (a full disk is one error naming it, not torch's
+    writer's RuntimeError)."""
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+def made(folder: Path) -> None:
+    """A run's folder made (a full disk: one line naming it)."""
+    try:
+        folder.mkdir(exist_ok=True)
+    except OSError as e:
+        if e.errno in DISK_FULL:
+            raise disk_error(folder, e) from None
+        raise
 
 
 def log_epoch(out: Path, run: Run, row: dict) -> None:
@@ -715,6 +849,7 @@ def finetune_loader(ds: Dataset, settings: Settings, size: int) -> DataLoader:
     order: list[int] = []
     while len(order) < need:
         order += torch.randperm(len(ds), generator=g).tolist()
+    ds = SeededItems(ds, settings.seed * 100_003 + size + 2**61)  # (augmentation: the same for any --workers)
     return DataLoader(torch.utils.data.Subset(ds, order[:need][rank::world]), batch_size=settings.batch_size,
                       shuffle=False, num_workers=settings.workers, drop_last=True,
                       pin_memory=pin_memory(settings))  # fmt: skip
@@ -776,7 +911,7 @@ def model_results(run: Run, checked: tuple[Data, list[str], list[str]], trained:
     rows = evaluate_resolutions(run, model, data, modes, device)
     rows += finetune(run, model, data, tuned, device)
     if rank == 0:
-        run.folder.mkdir(exist_ok=True)  # an --eval-only run trained nothing into it
+        made(run.folder)  # an --eval-only run trained nothing into it
         atomic_write(done, write_json, rows)
         summary = ", ".join(f"{r['eval_size']}px/{r['protocol']}/{r['rope_scaling']}: {r['top1']:.1f}" for r in rows)
         print(f"[{run.tag}] evaluated in {time.time() - t0:.0f}s: {summary}", flush=True)
@@ -787,6 +922,9 @@ def model_results(run: Run, checked: tuple[Data, list[str], list[str]], trained:
 def main(argv: list[str] | None = None) -> list[dict]:
     # every check first: a command that fails leaves --output as it was
     settings, given = parse_config(argv)
+    saved = Path(settings.output) / "config.yaml"
+    if settings.resume and not (saved.exists() or saved.is_symlink()) and rank_world()[0] == 0:
+        print(f"--resume: {settings.output} holds no run to continue (no config.yaml); starting one", flush=True)
     settings = resumed(settings, given)
     import_modules(settings.imports)  # the user's own families and models, named on this command line only
     resolve_device(settings.device)
@@ -796,10 +934,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
             f"error: --initial-checkpoint {start!r} does not exist or is neither a regular file nor a model folder"
         )
     settings = from_model_folder(settings, given)  # a model folder names the model: its config.json
+    settings = started_from(settings)
     one_process = int(os.environ.get("WORLD_SIZE", "1")) == 1
     if resolve_device(settings.device).type == "cpu" and one_process and "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(os.cpu_count() or 1)
     plan = plan_runs(settings)
+    for note in idle_settings(given, [run.settings for run in plan]) if rank_world()[0] == 0 else []:
+        print(note, flush=True)
     earlier = check_folder(settings, plan)
     trained = check_epochs(settings, plan)
     checked = preflight(plan)
@@ -826,8 +967,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
         if rank == 0:
             data = checked[plan[0].tag][0]
             about = f"{settings.dataset}, trained at {settings.img_size} px for {settings.epochs} epochs"
-            write_results(rows, out, settings.img_size, about, chance=100 / data.num_classes)
-            print((out / "results.md").read_text())
+            if settings.eval_only:  # (nothing was trained here: --epochs says nothing of the weights)
+                start = Path(settings.initial_checkpoint).name if settings.initial_checkpoint else "pretrained"
+                about = f"{settings.dataset}, {start} weights evaluated at {settings.img_size} px (not trained here)"
+            print(write_results(rows, out, settings.img_size, about, chance=100 / data.num_classes))
             print(f"wrote {', '.join(str(out / f) for f in RESULT_FILES)}")
     if dist.is_initialized():
         dist.destroy_process_group()

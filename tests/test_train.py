@@ -158,8 +158,8 @@ def test_finetune_from_checkpoint_with_other_classes_and_size(start, tmp_path):
     ])  # fmt: skip
     assert [r["eval_size"] for r in rows] == [24] and rows[0]["model"] == "vit_ape_tiny"
     tuned = load_file(tmp_path / "ft" / "vit_ape_tiny" / "model.safetensors")
-    # (a model folder's model is made as it was, at its img_size: its APE keeps the 2x2 grid of 16 px, resampled)
-    assert tuned["head.weight"].shape == (3, 32) and tuned["pos_embed"].shape == (1, 9 if weights else 4, 32)
+    # (a model folder's model is made at --img-size, the one source of its grid: its APE resampled to 3x3 patches)
+    assert tuned["head.weight"].shape == (3, 32) and tuned["pos_embed"].shape == (1, 9, 32)
     config = json.loads((tmp_path / "ft" / "vit_ape_tiny" / "config.json").read_text())
     assert config["num_classes"] == 3 and config["label_names"] == ["class0", "class1", "class2"]
     assert config["pretrained_cfg"]["input_size"] == [3, 24, 24]
@@ -236,15 +236,16 @@ def test_config_and_data_errors(tmp_path):
 
 
 def test_ema_weights_are_the_ones_evaluated_and_saved(tmp_path):
-    """With --ema-decay 1 the average never moves off the initial weights: what is saved and evaluated equals an
-    untrained run (--lr 0 --min-lr 0, same seed), while the raw weights in the checkpoint did train."""
+    """With --ema-decay 1 - 1e-12 the average does not move off the initial weights (each update is below float32's
+    resolution): what is saved and evaluated equals an untrained run (--lr 0 --min-lr 0, same seed), while the raw
+    weights in the checkpoint did train."""
     one = [*TINY, "--models", "vit_rope_tiny", "--rope-scaling", "none", "--epochs", "1"]
-    train.main([*one, "--ema", "--ema-decay", "1.0", "--output", str(tmp_path / "ema")])
+    train.main([*one, "--ema", "--ema-decay", "0.999999999999", "--output", str(tmp_path / "ema")])
     train.main([*one, "--lr", "0", "--min-lr", "0", "--output", str(tmp_path / "still")])
     saved, still = (load_file(tmp_path / d / "vit_rope_tiny" / "model.safetensors") for d in ("ema", "still"))
     raw = torch.load(tmp_path / "ema" / "vit_rope_tiny" / "checkpoint.pt", weights_only=False)["model"]
     for k in still:
-        torch.testing.assert_close(saved[k], still[k], rtol=0, atol=0, msg=k)
+        torch.testing.assert_close(saved[k], still[k], rtol=0, atol=1e-9, msg=k)
     assert any(not torch.equal(raw[k], still[k]) for k in still)
     top1 = [[r["top1"] for r in read_csv(tmp_path / d / "results.csv")] for d in ("ema", "still")]
     assert top1[0] == top1[1]
@@ -475,10 +476,11 @@ def test_resume_restores_each_ranks_rng(tmp_path, monkeypatch, capsys):
 
 
 def test_initial_checkpoint_takes_a_runs_checkpoint_and_its_ema(tmp_path):
-    """A run's own checkpoint.pt loads as --initial-checkpoint, with its EMA weights (--ema-decay 1: the initial
-    ones, which are what that run evaluated); an old one that only a full unpickle reads gets a clear error."""
+    """A run's own checkpoint.pt loads as --initial-checkpoint, with its EMA weights (--ema-decay 1 - 1e-12: the
+    initial ones, which are what that run evaluated); an old one that only a full unpickle reads gets a clear
+    error."""
     one = [*ONE, "--epochs", "1"]
-    train.main([*one, "--ema", "--ema-decay", "1.0", "--output", str(tmp_path / "ema")])
+    train.main([*one, "--ema", "--ema-decay", "0.999999999999", "--output", str(tmp_path / "ema")])
     ckpt = tmp_path / "ema" / "vit_rope_tiny" / "checkpoint.pt"
     rows = train.main([*one, "--eval-only", "--initial-checkpoint", str(ckpt), "--output", str(tmp_path / "ev")])
     assert rows == train.json.loads((tmp_path / "ema" / "vit_rope_tiny" / "results.json").read_text())
@@ -544,9 +546,12 @@ FAILING_RUNS = [
     ("crop scale", ["--scale", "0.5", "0.2"], "scale must be two numbers a b with 0 < a <= b <= 1"),
     ("eval-only without weights", ["--eval-only"], "--eval-only needs --initial-checkpoint PATH or --pretrained"),
     ("missing checkpoint", ["--initial-checkpoint", "{tmp}/none.pt"], "none.pt' does not exist"),
-    ("weights of another model", ["--eval-only", "--initial-checkpoint", "{run}/vit_rope_tiny/model.safetensors"],
+    ("weights of another model", ["--eval-only", "--initial-checkpoint", "{tmp}/rope.safetensors"],
      r"does not fit vit_ape_tiny: .*lacks the model's \['pos_embed'\]"),
     ("unknown optimizer", ["--opt", "nope"], "--opt nope with --sched cosine: Optimizer nope not found"),
+    ("eval-only of weights in the run --overwrite replaces",
+     ["--eval-only", "--initial-checkpoint", "{run}/vit_rope_tiny/model.safetensors", "--models", "vit_rope_tiny"],
+     r"model.safetensors lies in --output .*, whose run --overwrite replaces .*copy the folder out of --output"),
 ]  # fmt: skip
 # (what --resume must refuse, arguments after --output RUN --resume, the error it must give)
 REFUSED_RESUMES = [
@@ -568,6 +573,7 @@ def test_a_failed_command_leaves_the_previous_run_as_it_was(case, finished_run, 
     run = tmp_path / "run"
     shutil.copytree(finished_run, run)
     (tmp_path / "bad.yaml").write_text("epochs: 2\neval_sizes: [16, 24\n")
+    shutil.copy(finished_run / "vit_rope_tiny" / "model.safetensors", tmp_path / "rope.safetensors")
     args = [a.format(tmp=tmp_path, run=run) for a in args]
     before = snapshot(run)
     fresh = [*TINY, "--output", str(run), "--overwrite", *args]  # --overwrite: past the refusal of a fresh run there
@@ -586,7 +592,17 @@ def test_a_failed_command_leaves_the_previous_run_as_it_was(case, finished_run, 
         (["--eval-sizes", "16", "0"], "eval_sizes must be sizes of at least 1"),
         (["--drop-path", "1"], r"drop_path must be in \[0, 1\)"),
         (["--hflip", "1.5"], r"hflip must be in \[0, 1\]"),
-        (["--ema-decay", "2"], r"ema_decay must be in \[0, 1\]"),
+        (["--ema-decay", "2"], r"ema_decay must be in \[0, 1\)"),
+        (["--ema", "--ema-decay", "1"], r"--ema-decay 1.0: ema_decay must be in \[0, 1\)"),
+        (["--model-kwargs", "patch_size=8", "init_values=null"],
+         "--model-kwargs init_values=null: timm's create_model drops a kwarg whose value is None.*init_values=0"),
+        (["--models", "vit_rope_tiny:init_values=null"], "'vit_rope_tiny:init_values=null' in --models: init_values"),
+        (["--model-kwargs", "patch_size=8", "img_size=64"],
+         "the model kwarg img_size=64 differs from --img-size 16.*leave img_size out of the model kwargs"),
+        (["--model-kwargs", "patch_size=8", "num_classes=3"], "num_classes=3 in the model kwargs; the class count"),
+        (["--resume", "--overwrite"], "--resume continues the run in --output and --overwrite deletes it .*one of"),
+        (["--eval-sizes", "16", "40000"], r"--eval-sizes 40000: evaluating vit_ape_tiny there needs about .* GiB "
+         r"\(25,000,000 tokens an image, batches of 32\), more than the .* GiB of cpu; give a smaller --eval-batch"),
         (["--scale", "0.5"], "scale must be two numbers"),
         (["--scale", "0", "1"], "scale must be two numbers"),
         (["--seed", "-1"], "seed must be in"),
@@ -1027,3 +1043,213 @@ def test_a_run_killed_while_fine_tuning_resumes_to_the_same_results(tmp_path, mo
     assert len(read_csv(tmp_path / "killed" / "log.csv")) == 1  # not trained again
     again = [{k: str(v) for k, v in r.items()} for r in rows if r["eval_size"] != 32]
     assert again == full and {r["eval_size"] for r in rows if r["protocol"] == "finetune"} == {24, 32}
+
+
+# ------------------------------------------------------------------------------ hostile round 5: train.py's inputs
+def test_eval_only_never_evaluates_a_head_it_did_not_load(finished_run, tmp_path):
+    """An 8-class model on 2-class data: its classifier would be a new, random one; eval-only refuses it. Class names
+    the checkpoint's folder records in another order would mislabel every class: refused too."""
+    make_imagefolder(tmp_path / "two", classes=2, per_class=3)
+    data = ["--dataset", "imagefolder", "--data-dir", str(tmp_path / "two"), "--eval-sizes", "16"]
+    with pytest.raises(SystemExit, match=r"--eval-only of vit_rope_tiny: .* another class count than the 2 classes"):
+        train.main([*data, "--eval-only", "--initial-checkpoint", str(finished_run / "vit_rope_tiny"),
+                    "--rope-scaling", "none", "--output", str(tmp_path / "ev")])  # fmt: skip
+    folder = tmp_path / "permuted"
+    shutil.copytree(finished_run / "vit_rope_tiny", folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["label_names"] = config["label_names"][::-1]
+    (folder / "config.json").write_text(json.dumps(config))
+    for start, args in ((folder, without_models(ONE)), (folder / "model.safetensors", ONE)):
+        with pytest.raises(SystemExit, match=r"was trained on other classes \(class 0 is '.*' in --dataset synthetic"):
+            train.main([*args, "--eval-only", "--initial-checkpoint", str(start), "--output", str(tmp_path / "ev")])
+    assert not (tmp_path / "ev").exists()
+
+
+def test_training_from_weights_of_another_class_count_says_the_head_is_new(finished_run, tmp_path, capsys):
+    make_imagefolder(tmp_path / "three", classes=3, per_class=4)
+    start = str(finished_run / "vit_rope_tiny")
+    train.main([*without_models(TINY), "--dataset", "imagefolder", "--data-dir", str(tmp_path / "three"),
+                "--eval-sizes", "16", "--epochs", "1", "--batch-size", "4", "--rope-scaling", "none",
+                "--initial-checkpoint", start, "--output", str(tmp_path / "ft")])  # fmt: skip
+    assert "its classifier has another class count; the head (head.weight, head.bias) is new, initialised for 3" in (
+        capsys.readouterr().out
+    )
+
+
+def test_weights_of_another_dtype_kind_are_refused_not_cast(finished_run, tmp_path):
+    weights = load_file(finished_run / "vit_rope_tiny" / "model.safetensors")
+    save_file({k: v.to(torch.bfloat16) for k, v in weights.items()}, tmp_path / "bf16.safetensors")
+    rows = train.main([*ONE, "--eval-only", "--initial-checkpoint", str(tmp_path / "bf16.safetensors"),
+                       "--output", str(tmp_path / "bf16")])  # fmt: skip
+    assert rows  # (float to float loads)
+    for dtype in (torch.int32, torch.bool):
+        save_file({**weights, "head.weight": weights["head.weight"].to(dtype)}, tmp_path / "int.safetensors")
+        with pytest.raises(SystemExit, match=rf"1 tensor\(s\) have another kind of dtype .* head.weight \({dtype}"):
+            train.main([*ONE, "--eval-only", "--initial-checkpoint", str(tmp_path / "int.safetensors"),
+                        "--output", str(tmp_path / "int")])  # fmt: skip
+
+
+def test_resume_refuses_an_initial_checkpoint_replaced_since_the_run_began(finished_run, tmp_path):
+    """A run records the sha256 of the weights it started from; --resume after the file was replaced would mix rows
+    of two weight files in one table: refused, naming the file and both hashes."""
+    start = tmp_path / "start.safetensors"
+    shutil.copy(finished_run / "vit_rope_tiny" / "model.safetensors", start)
+    args = [*ONE, "--eval-only", "--initial-checkpoint", str(start), "--output", str(tmp_path / "ev")]
+    train.main(args)
+    digest = yaml.safe_load((tmp_path / "ev" / "config.yaml").read_text())["initial_checkpoint_sha256"]
+    assert digest == __import__("hashlib").sha256(start.read_bytes()).hexdigest()
+    weights = load_file(start)
+    save_file({k: v + 1 if k == "head.bias" else v for k, v in weights.items()}, start)
+    before = snapshot(tmp_path / "ev")
+    with pytest.raises(SystemExit, match=rf"start.safetensors of sha256 {digest[:12]}\.\.\., and that file now has"):
+        train.main(["--output", str(tmp_path / "ev"), "--resume"])
+    assert snapshot(tmp_path / "ev") == before
+    with pytest.raises(SystemExit, match="not --initial-checkpoint-sha256"):  # a hash given: the file must have it
+        train.main([*args[:-1], str(tmp_path / "pinned"), "--initial-checkpoint-sha256", digest])
+
+
+class FullDisk:
+    """A file opened for writing whose writes fail as on a full disk."""
+
+    def __init__(self, f):
+        self.f = f
+
+    def write(self, data):
+        raise OSError(__import__("errno").ENOSPC, "No space left on device")
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.f.close()
+
+
+def full_disk_at(monkeypatch, name: str) -> None:
+    """Writing the file ``name`` (its temporary, by atomic_write) fails with ENOSPC; every other file is written."""
+    fdopen = folder.os.fdopen
+
+    def full(fd, *args, **kwargs):
+        f = fdopen(fd, *args, **kwargs)
+        return FullDisk(f) if f".{name}." in os.readlink(f"/proc/self/fd/{fd}") else f
+
+    monkeypatch.setattr(folder.os, "fdopen", full)
+
+
+@pytest.mark.parametrize("name", ["checkpoint.pt", "model.safetensors", "log.csv", "results.csv", "overview.png"])
+def test_a_full_disk_is_one_line_naming_the_file_and_resume_finishes_the_run(name, tmp_path, monkeypatch):
+    args = [*ONE, "--epochs", "1"]
+    train.main([*args, "--output", str(tmp_path / "full")])
+    out = tmp_path / "run"
+    full_disk_at(monkeypatch, name)
+    with pytest.raises(SystemExit, match=rf"^error: no space left writing {out}/(vit_rope_tiny/)?{name}; .*--resume"):
+        train.main([*args, "--output", str(out)])
+    assert not [p for p in out.rglob(".*.tmp")]  # (the temporary removed)
+    monkeypatch.undo()
+    train.main(["--output", str(out), "--resume"])
+    assert read_csv(out / "results.csv") == read_csv(tmp_path / "full" / "results.csv")
+
+
+def test_any_workers_give_the_same_augmented_batches_and_a_resume_may_change_them(tmp_path, monkeypatch):
+    """--workers is documented as just applying on --resume: each training sample's augmentation is drawn from
+    (seed, epoch, index), so 0 and 2 workers train the same, and a run killed after epoch 1 and resumed with 2
+    workers ends as the unbroken run with 0."""
+    args = [*ONE, "--aug", "--drop-path", "0.1"]  # (random crops and flips; drop path draws in the main process)
+    train.main([*args, "--output", str(tmp_path / "full")])
+    train.main([*args, "--workers", "2", "--output", str(tmp_path / "two")])
+    same_run(tmp_path / "two", tmp_path / "full")
+    interrupt(monkeypatch, at=1, before=False)
+    with pytest.raises(Killed):
+        train.main([*args, "--output", str(tmp_path / "killed")])
+    monkeypatch.undo()
+    train.main(["--output", str(tmp_path / "killed"), "--resume", "--workers", "2"])
+    same_run(tmp_path / "killed", tmp_path / "full")
+
+
+def test_scaling_modes_that_compute_the_same_are_evaluated_once(tmp_path, capsys):
+    """Under rope_coords=normalized every mode computes the same (checked here on the model): one row per size,
+    as none, and a line naming the modes it stands for."""
+    modes = ["none", "pi", "ntk", "yarn", "normalized"]
+    model = timm.create_model("vit_rope_tiny", rope_coords="normalized", img_size=16, patch_size=8, depth=1,
+                              embed_dim=32, num_heads=2).eval()  # fmt: skip
+    x = torch.randn(2, 3, 24, 24)
+    outputs = []
+    for mode in modes:
+        model.set_rope_scaling(mode)
+        with torch.no_grad():
+            outputs.append(model(x))
+    assert all(torch.equal(outputs[0], o) for o in outputs[1:])
+    args = [*ONE, "--model-kwargs", *TINY_KWARGS[1:], "rope_coords=normalized", "--eval-sizes", "16", "24"]
+    rows = train.main([*args, "--rope-scaling", *modes, "--epochs", "1", "--no-native-eval", "--output", str(tmp_path)])
+    assert [(r["eval_size"], r["rope_scaling"]) for r in rows] == [(16, "none"), (24, "none")]
+    assert "--rope-scaling none pi ntk yarn normalized all compute the same: evaluated once, as none" in (
+        capsys.readouterr().out
+    )
+
+
+def test_the_printed_results_are_the_ones_written_never_a_file_planted_after(tmp_path, monkeypatch, capsys):
+    """results.md is printed from what the run wrote, not read back by path: a link planted there afterwards (to
+    a file of someone else's) is neither followed nor printed."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not the run's")
+    write = train.write_results
+
+    def then_a_link(rows, out, *args, **kwargs):
+        text = write(rows, out, *args, **kwargs)
+        (out / "results.md").unlink()
+        (out / "results.md").symlink_to(secret)
+        return text
+
+    monkeypatch.setattr(train, "write_results", then_a_link)
+    train.main([*ONE, "--epochs", "1", "--output", str(tmp_path / "run")])
+    printed = capsys.readouterr().out
+    assert "not the run's" not in printed and "| vit_rope_tiny |" in printed
+
+
+def test_an_output_inside_the_data_is_refused(tmp_path):
+    """The run's figures and folders inside a folder dataset's train/ would become a class of its next run."""
+    make_imagefolder(tmp_path / "data", classes=2, per_class=2)
+    for out in (tmp_path / "data" / "train" / "runs", tmp_path / "data"):
+        with pytest.raises(SystemExit, match=r"--output .* lies in --data-dir .*; choose an --output outside"):
+            train.main([*ONE, "--dataset", "imagefolder", "--data-dir", str(tmp_path / "data"), "--batch-size", "2",
+                        "--output", str(out)])  # fmt: skip
+    assert sorted(p.name for p in (tmp_path / "data" / "train").iterdir()) == ["class0", "class1"]
+
+
+def test_resume_with_no_run_to_continue_says_it_starts_one(tmp_path, capsys):
+    train.main([*ONE, "--epochs", "1", "--resume", "--output", str(tmp_path / "new")])
+    assert "holds no run to continue (no config.yaml); starting one" in capsys.readouterr().out
+
+
+def test_a_setting_that_takes_no_effect_says_so(tmp_path, capsys):
+    train.main([*ONE, "--epochs", "1", "--seq-lens", "5", "--finetune-steps", "5", "--allow-transfer",
+                "--ema-decay", "0.5", "--output", str(tmp_path / "run")])  # fmt: skip
+    out = capsys.readouterr().out
+    for flag, needs in (("seq-lens", "naflex"), ("finetune-steps", "finetune-sizes"),
+                        ("allow-transfer", "initial-checkpoint"), ("ema-decay", "ema")):  # fmt: skip
+        assert f"note: --{flag} takes no effect without --{needs} (no run has it)" in out
+
+
+def test_a_resumed_log_that_lacks_epochs_says_so(tmp_path, capsys):
+    run = tmp_path / "run"
+    train.main([*ONE, "--epochs", "2", "--output", str(run)])
+    rows = read_csv(run / "log.csv")
+    with open(run / "log.csv", "w", newline="") as f:  # (epoch 2's row lost, its checkpoint kept)
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows[:1])
+    capsys.readouterr()
+    train.main(["--output", str(run), "--resume", "--epochs", "3"])
+    assert "[vit_rope_tiny] log.csv lacks epoch(s) [2] of the checkpoint's 2" in capsys.readouterr().out
+
+
+def test_eval_only_figures_do_not_claim_a_training(finished_run, tmp_path, monkeypatch):
+    said = []
+    write = train.write_results
+    monkeypatch.setattr(train, "write_results", lambda rows, out, size, about, **kw: said.append(about) or write(
+        rows, out, size, about, **kw))  # fmt: skip
+    weights = finished_run / "vit_rope_tiny" / "model.safetensors"
+    train.main([*ONE, "--eval-only", "--initial-checkpoint", str(weights), "--output", str(tmp_path / "ev")])
+    assert said == ["synthetic, model.safetensors weights evaluated at 16 px (not trained here)"]

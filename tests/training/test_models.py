@@ -14,3 +14,17 @@ def test_any_timm_model_trains_without_kwargs_it_never_asked_for(tmp_path):
     assert [(r["model"], r["rope_scaling"]) for r in rows] == [("resnet18", "-")]
     saved = train.json.loads((tmp_path / "out" / "resnet18" / "results.json").read_text())
     assert saved == rows
+
+
+def test_pretrained_weights_of_another_class_count_leave_a_new_head():
+    """timm's --pretrained loader keeps a classifier of another class count at its random initialisation: the model
+    says so (``new_head``), and --eval-only refuses to evaluate it (train.check_head)."""
+    import timm
+
+    from vit_rope.training import models
+
+    model = timm.create_model("vit_ape_tiny", img_size=16, patch_size=8, depth=1, embed_dim=32, num_heads=2)
+    model.pretrained_cfg = {**model.pretrained_cfg, "num_classes": 1000, "classifier": "head"}
+    assert models.new_head(model, pretrained=True, num_classes=2) == ["head"]
+    assert models.new_head(model, pretrained=True, num_classes=1000) == []
+    assert models.new_head(model, pretrained=False, num_classes=2) == []

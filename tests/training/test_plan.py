@@ -219,12 +219,13 @@ def test_timm_models_train_and_evaluate_in_the_harness(tmp_path):
     again = train.main(["--models", eva, *args, "--eval-only", "--initial-checkpoint", str(weights),
                         "--output", str(tmp_path / "again")])  # fmt: skip
     assert again == [r for r in rows if r["model"] == eva]
-    # ... and on a user's validation folder of other classes (the classifier starts anew)
+    # ... but not on a user's validation folder of other classes: its classifier would be a new, random one
     make_imagefolder(tmp_path / "folder", classes=3, per_class=2, size=16)
     (tmp_path / "folder" / "train").rename(tmp_path / "folder" / "unused")
     user = ["--dataset", "imagefolder", "--data-dir", str(tmp_path / "folder"), "--output", str(tmp_path / "ev")]
-    folder = train.main(["--models", eva, *args, *user, "--eval-only", "--initial-checkpoint", str(weights)])
-    assert [r["eval_size"] for r in folder] == [8, 16, 32]
+    with pytest.raises(SystemExit, match=r"has a classifier of another class count than the 3 classes"):
+        train.main(["--models", eva, *args, *user, "--eval-only", "--initial-checkpoint", str(weights)])
+    assert not (tmp_path / "ev").exists()
 
 
 def test_a_timm_model_that_takes_one_size_is_refused_before_training(tmp_path):

@@ -138,3 +138,12 @@ def test_hostile_yaml_is_one_line(text, message, tmp_path):
         train.main([*EPOCH, "--config", str(config), "--output", str(tmp_path / "out")])
     one_line(stop)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_recipes_none_model_kwarg_is_refused():
+    """timm's create_model drops a None kwarg: a recipe's init_values: null would leave LayerScale on while the
+    config records null."""
+    from vit_rope.training.settings import Settings
+
+    with pytest.raises(SystemExit, match=r"^error: recipe 'a': --model-kwargs init_values=null: timm's create_model"):
+        Settings(recipes={"a": {"model_kwargs": {"init_values": None}}})

@@ -10,6 +10,7 @@ or a file is refused before anything is written.
 """
 
 import csv
+import errno
 import io
 import json
 import math
@@ -28,9 +29,9 @@ try:
 except ImportError:  # Windows: no flock, so no lock (two runs on one folder are then the user's to avoid)
     fcntl = None
 
-__all__ = ["MODEL_FILES", "RESULT_FILES", "RUN_FILES", "append_csv", "atomic_write", "check_output", "check_own_files",
-           "drop_log_rows", "locked", "read_log", "read_own", "remove_run_files", "run_folder", "write_csv",
-           "write_json"]  # fmt: skip
+__all__ = ["DISK_FULL", "MODEL_FILES", "RESULT_FILES", "RUN_FILES", "append_csv", "atomic_write", "check_output",
+           "check_own_files", "disk_error", "drop_log_rows", "locked", "read_log", "read_own", "remove_run_files",
+           "run_folder", "write_csv", "write_json"]  # fmt: skip
 
 RESULT_FILES = ("results.csv", "results.md", "accuracy_vs_resolution.png", "extrapolation.png", "overview.png")
 RUN_FILES = ("config.yaml", "log.csv", *RESULT_FILES)
@@ -110,10 +111,34 @@ def open_folder(folder: Path) -> int:
         os.close(parent)
 
 
+# what a full or failing disk raises while a file is written: one line naming the file (the files written before it
+# are whole, the temporary is removed), never a traceback through whichever writer ran
+DISK_FULL = {errno.ENOSPC: "no space left", errno.EDQUOT: "disk quota exceeded", errno.EROFS: "read-only file system",
+             errno.EIO: "input/output error", errno.EFBIG: "file too large"}  # fmt: skip
+
+
+def disk_error(path: Path, e: OSError) -> SystemExit:
+    return SystemExit(
+        f"error: {DISK_FULL[e.errno]} writing {path}; the files written before it are whole: free space (or fix the "
+        "disk), then --resume continues from the last finished epoch"
+    )
+
+
 def atomic_write(path: Path, write: Callable[[object, BinaryIO], None], obj: object) -> None:
     """``write(obj, f)`` into a new temporary file beside ``path`` (created with ``O_EXCL | O_NOFOLLOW`` in the folder
     opened without following links), flushed to disk, then renamed over ``path``: a kill leaves the old file or the
-    new one, never half of one, and a link or FIFO in ``path``'s place is replaced, never written through."""
+    new one, never half of one, and a link or FIFO in ``path``'s place is replaced, never written through. A full
+    disk (ENOSPC, EDQUOT), a read-only one (EROFS) or an I/O error is one line naming ``path`` (:data:`DISK_FULL`),
+    the temporary removed and the old file kept."""
+    try:
+        _atomic_write(path, write, obj)
+    except OSError as e:
+        if e.errno in DISK_FULL:
+            raise disk_error(path, e) from None
+        raise
+
+
+def _atomic_write(path: Path, write: Callable[[object, BinaryIO], None], obj: object) -> None:
     if not _DIR_FD:  # no dir_fd (Windows): by path, which the checks before the run have made safe
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
@@ -200,7 +225,12 @@ def check_own_files(out: Path, folders: Sequence[Path]) -> None:
 def locked(folder: Path) -> Iterator[None]:
     """Hold ``folder/.lock`` while the run writes there; a second run on the folder stops with a clear error. The
     OS releases a flock when its process dies, so a killed run leaves no stale lock."""
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        if e.errno in DISK_FULL:
+            raise disk_error(folder, e) from None
+        raise
     refused = "a run's lock is a plain file it makes: remove what stands there"
     try:
         fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
@@ -225,9 +255,14 @@ def locked(folder: Path) -> Iterator[None]:
                     f"error: {folder} is in use by another run ({holder}); wait for it to end, or choose another "
                     "--output"
                 ) from None
-        f.truncate(0)
-        f.write(f"pid {os.getpid()}\n")
-        f.flush()
+        try:
+            f.truncate(0)
+            f.write(f"pid {os.getpid()}\n")
+            f.flush()
+        except OSError as e:
+            if e.errno in DISK_FULL:
+                raise disk_error(folder / LOCK, e) from None
+            raise
         yield  # closing the file releases the lock
 
 

@@ -2,6 +2,7 @@
 mean ± std over seeds), and three figures: accuracy_vs_resolution.png (every curve), extrapolation.png and overview.png
 (each model under its best scaling mode, and what fine-tuning recovers: the figure to take in at a glance)."""
 
+import io
 import math
 import re
 import statistics
@@ -26,13 +27,14 @@ Curve = tuple[str, str, str]  # (model, recipe, RoPE scaling mode)
 Summary = dict[str, dict[Curve, dict[int, dict]]]  # protocol → curve → eval size → mean, std, n, params
 
 
-def write_results(rows: list[dict], out: Path, train_size: int, about: str, chance: float | None = None) -> None:
+def write_results(rows: list[dict], out: Path, train_size: int, about: str, chance: float | None = None) -> str:
     """``rows`` (one per run, eval size, protocol and RoPE scaling mode) as the four result files in ``out``;
     ``about`` (the data, training size and epochs) titles the figures, which mark ``chance`` (top-1 of a guess, %).
     With several seeds results.md ends with every model's paired difference from axial RoPE and from APE
     (:func:`paired_tables`), under each scaling mode and under the headline's best modes (:func:`best_mode_rows`).
     Each file is written through :func:`atomic_write`: a kill leaves the old file or the whole new one, and a link
-    planted in a file's place while the run went on is replaced, never written through."""
+    planted in a file's place while the run went on is replaced, never written through. Returns results.md's text
+    (what the caller prints: never read back from the folder, where a link may stand by then)."""
     summary = summarise(rows)
     atomic_write(out / "results.csv", write_csv, rows)
     text = headline_table(summary, train_size) + "\n" + markdown_tables(summary, train_size)
@@ -48,9 +50,18 @@ def write_results(rows: list[dict], out: Path, train_size: int, about: str, chan
     for figure, name in figures:
         fig = figure(summary, train_size, about, chance)
         try:
-            atomic_write(out / name, lambda fg, f: fg.savefig(f, format="png"), fig)
+            atomic_write(out / name, lambda fg, f: f.write(png_bytes(fg)), fig)
         finally:
             plt.close(fig)
+    return text
+
+
+def png_bytes(fig) -> bytes:
+    """A figure as PNG, drawn in memory: the file is then one plain write (a full disk is one error naming it, not
+    matplotlib's or PIL's traceback)."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    return buffer.getvalue()
 
 
 def summarise(rows: list[dict]) -> Summary:

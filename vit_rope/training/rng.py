@@ -7,13 +7,39 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-__all__ = ["all_rng_states", "restore_rng_state", "seed_everything"]
+__all__ = ["SeededItems", "all_rng_states", "restore_rng_state", "seed_everything"]
 
 
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+class SeededItems(torch.utils.data.Dataset):
+    """``ds`` whose item ``i`` is drawn with torch's, Python's and numpy's generators seeded by ``(seed, i)`` alone
+    (``seed``: the run's seed and epoch), the process's own generators restored after: an augmented sample is the same
+    whichever process (DataLoader worker or the main one) makes it, so any --workers gives the same batches, a run
+    resumed with other --workers included, and the draws of the training step (dropout, mixup) do not depend on it."""
+
+    def __init__(self, ds: torch.utils.data.Dataset, seed: int) -> None:
+        self.ds, self.seed = ds, seed
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def __getitem__(self, i: int):
+        item_seed = (self.seed * 1_000_003 + int(i)) % 2**63
+        python, numpy = random.getstate(), np.random.get_state()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(item_seed)
+            random.seed(item_seed)
+            np.random.seed(item_seed % 2**32)
+            try:
+                return self.ds[i]
+            finally:
+                random.setstate(python)
+                np.random.set_state(numpy)
 
 
 def rng_state() -> dict:

@@ -95,6 +95,11 @@ class Settings:
     initial_checkpoint: str | None = setting(None, "start from these weights: a .safetensors, a run's checkpoint.pt, "
                                              "or a model folder (a run's <model> folder, timm's save_for_hf), whose "
                                              "config.json then names the model and its kwargs")  # fmt: skip
+    initial_checkpoint_sha256: str | None = setting(None, "sha256 of --initial-checkpoint's weights (a model folder's "
+                                                    "model.safetensors): the run records it, --resume refuses a file "
+                                                    "that has changed since; given, a file of another hash is refused",
+                                                    check=lambda v: re.fullmatch(r"[0-9a-f]{64}", v) is not None,
+                                                    must="64 lowercase hex digits", resume=APPLIES)  # fmt: skip
     allow_transfer: bool = setting(False, "let --initial-checkpoint load weights that record another kind of model "
                                    "(another position encoding or architecture): a deliberate transfer")  # fmt: skip
     pretrained: bool = setting(False, "start from the models' published weights")
@@ -131,7 +136,9 @@ class Settings:
     auto_augment: str | None = setting(None, "timm auto-augment policy, e.g. rand-m9-mstd0.5-inc1", recipe=True,
                                        data=True)  # fmt: skip
     ema: bool = setting(False, "keep an EMA of the weights; it is what is evaluated and saved", recipe=True)
-    ema_decay: float = setting(0.9998, "EMA decay per update", check=between(0, 1), must="in [0, 1]", recipe=True)
+    ema_decay: float = setting(0.9998, "EMA decay per update (below 1: an EMA of decay 1 never moves from the initial "
+                               "weights, which would be what is evaluated and saved)",
+                               check=between(0, 1, closed=False), must="in [0, 1)", recipe=True)  # fmt: skip
     # evaluation
     eval_sizes: tuple[int, ...] = setting((32,), "resolutions to evaluate every model at",
                                           check=lambda v: len(v) and min(v) >= 1 and len(set(v)) == len(v),
@@ -209,6 +216,14 @@ class Settings:
         if self.naflex and self.train_sizes:
             raise SystemExit(
                 "error: --naflex draws each batch's size from --seq-lens (token budgets); leave out --train-sizes"
+            )
+        dropped = none_kwargs(self.model_kwargs)
+        if dropped:
+            raise SystemExit(dropped_message(f"--model-kwargs {dropped[0]}=null"))
+        if self.resume and self.overwrite:
+            raise SystemExit(
+                "error: --resume continues the run in --output and --overwrite deletes it to start anew; give one of "
+                "them"
             )
         if self.eval_only and not (self.initial_checkpoint or self.pretrained):
             raise SystemExit("error: --eval-only needs --initial-checkpoint PATH or --pretrained")
@@ -319,6 +334,20 @@ def checked(f: Any, value: Any) -> Any:
     if converted is not None and check is not None and not check(converted):
         raise SystemExit(f"error: {flag} {short(value)}: {f.name} must be {f.metadata['must']}")
     return converted
+
+
+def none_kwargs(kwargs: dict) -> list[str]:
+    """The model kwargs whose value is None (YAML's null): ``timm.create_model`` drops them, so the model keeps its
+    default while config.yaml would record null."""
+    return [str(k) for k, v in kwargs.items() if v is None]
+
+
+def dropped_message(what: str) -> str:
+    return (
+        f"error: {what}: timm's create_model drops a kwarg whose value is None, so the model would keep its default "
+        "while config.yaml records null; leave the kwarg out for the default, or give a value (init_values=0 turns "
+        "LayerScale off)"
+    )
 
 
 def short(value: Any, limit: int = 160) -> str:

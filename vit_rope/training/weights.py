@@ -15,6 +15,7 @@ preprocessing) beside ``model.safetensors``, so that ``timm.create_model("local-
 rebuilds the model, and ``--initial-checkpoint <folder>`` takes the model and its weights from it.
 """
 
+import hashlib
 import io
 import json
 import math
@@ -38,9 +39,9 @@ from torch import nn
 from ..checkpoint import RECORD, checkpoint_filter_fn, inflate_image_checkpoint, unwrap_state_dict
 from .folder import atomic_write, file_kind, read_own
 
-__all__ = ["CONFIG", "ModelFolder", "check_record", "load_initial_weights", "model_record", "read_checkpoint",
-           "read_model_folder", "read_record", "resume_remedy", "save_model_folder", "timm_checkpoint_filter",
-           "timm_config", "trained_epochs", "weights_file"]  # fmt: skip
+__all__ = ["CONFIG", "ModelFolder", "check_record", "file_sha256", "load_initial_weights", "model_record",
+           "read_checkpoint", "read_model_folder", "read_record", "recorded_labels", "resume_remedy",
+           "save_model_folder", "timm_checkpoint_filter", "timm_config", "trained_epochs", "weights_file"]  # fmt: skip
 
 STATE_KEYS = ("model", "optimizer", "model_ema", "epoch", "rng")  # a checkpoint.pt's resume state
 RECORD_FIELDS = ("model", "kind", "model_args")
@@ -216,17 +217,37 @@ def trained_epochs(path: Path) -> int:
 
 
 # -------------------------------------------------------------------------------------------- initial weights
-def load_initial_weights(model: nn.Module, path: str, video: bool, spec: str, allow_transfer: bool = False) -> None:
+def load_initial_weights(
+    model: nn.Module, path: str, video: bool, spec: str, allow_transfer: bool = False
+) -> list[str]:
     """``--initial-checkpoint`` into ``model``: a .safetensors, or any torch file of tensors (a run's checkpoint.pt
     gives its EMA weights if it has them, else its model's), or a model folder's model.safetensors; ours rename and
     resample timm's keys, timm's own models take their own weights as saved. Weights that record another kind of
-    model are refused unless ``allow_transfer``."""
+    model are refused unless ``allow_transfer``; a tensor of another kind of dtype than the model's (integers or
+    booleans for float weights, floats for an integer buffer) is refused, never cast (float to float, bf16 to fp32
+    say, loads). Returns the keys the file gave none for, whose values are the model's own initialisation: a
+    classifier of another class count (a new head)."""
     path = weights_file(path)
     filter_fn = inflate_image_checkpoint if video else checkpoint_filter_fn
     if not type(model).__module__.startswith("vit_rope."):
         filter_fn = timm_checkpoint_filter
+    new: list[str] = []
+
+    def checked_filter(state_dict: dict, model: nn.Module) -> dict:
+        out, own = filter_fn(state_dict, model), model.state_dict()
+        new[:] = [k for k, v in out.items() if k in own and v.data_ptr() == own[k].data_ptr() and v.numel()]
+        wrong = [(k, v.dtype, own[k].dtype) for k, v in out.items() if k in own and dtype_kind(v) != dtype_kind(own[k])]
+        if wrong:
+            k, have, want = wrong[0]
+            raise ValueError(
+                f"{len(wrong)} tensor(s) have another kind of dtype than the model's, such as {k} ({have}, where the "
+                f"model has {want}), which loading would cast silently; give weights saved in the model's dtypes "
+                "(floats as any float dtype)"
+            )
+        return out
+
     try:
-        timm.models.load_checkpoint(model, path, filter_fn=filter_fn)
+        timm.models.load_checkpoint(model, path, filter_fn=checked_filter)
     except ValueError as e:  # the filter's: the weights of another kind of model
         raise SystemExit(f"error: --initial-checkpoint {path!r} does not fit {spec}: {e}") from None
     except Exception as e:  # a file safetensors or torch.load (weights_only) cannot read
@@ -241,6 +262,46 @@ def load_initial_weights(model: nn.Module, path: str, video: bool, spec: str, al
             "on purpose"
         )
         check_record(read_record(path), model, spec, f"--initial-checkpoint {path!r}", fix)
+    return new
+
+
+def dtype_kind(t: torch.Tensor) -> str:
+    """A dtype's kind: float, complex, bool or integer (a load casts within a kind only)."""
+    if t.dtype == torch.bool:
+        return "bool"
+    return "float" if t.is_floating_point() else "complex" if t.is_complex() else "integer"
+
+
+def recorded_labels(path: str | Path) -> list[str] | None:
+    """The class names (config.json's ``label_names``) of the model folder that ``--initial-checkpoint`` is, or whose
+    model.safetensors or checkpoint.pt it names; None where the folder records none (or has no config.json). Read as
+    a run's own file (regular, one link); a damaged one records none: :func:`read_model_folder` names its faults."""
+    path = Path(path)
+    folder = path if path.is_dir() else path.parent
+    if not path.is_dir() and path.name not in (WEIGHTS, "checkpoint.pt"):
+        return None
+    try:
+        data = read_own(folder / CONFIG, "the model folder's", "give it as a regular file")
+        config = json.loads(data.decode("utf-8")) if data is not None and len(data) <= MAX_CONFIG_BYTES else None
+    except (SystemExit, UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    labels = config.get("label_names") if isinstance(config, dict) else None
+    if isinstance(labels, dict):  # timm's other form: {"0": name, ...}
+        try:
+            labels = [labels[k] for k in sorted(labels, key=int)]
+        except ValueError:
+            return None
+    return labels if isinstance(labels, list) and all(isinstance(v, str) for v in labels) else None
+
+
+def file_sha256(path: str | Path) -> str:
+    """The sha256 of the weights ``--initial-checkpoint`` names (a model folder's model.safetensors), read once in
+    blocks."""
+    digest = hashlib.sha256()
+    with open(weights_file(path), "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def timm_checkpoint_filter(state_dict: dict, model: nn.Module) -> dict:
