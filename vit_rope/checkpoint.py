@@ -20,13 +20,14 @@ from timm.layers import resample_abs_pos_embed, resample_patch_embed
 from timm.models import adapt_input_conv
 from torch import Tensor, nn
 
-__all__ = ["RECORD", "check_loaded_weights", "checkpoint_filter_fn", "inflate_image_checkpoint", "recorded_kind",
-           "resample_grid_embed", "unwrap_state_dict"]  # fmt: skip
+__all__ = ["RECORD", "check_loaded_weights", "checkpoint_filter_fn", "dtype_kind", "inflate_image_checkpoint",
+           "recorded_kind", "resample_grid_embed", "unwrap_state_dict"]  # fmt: skip
 
 RECORD = "vit_rope.record"  # the metadata key of a model.safetensors this package wrote: what model the weights are
 
 
-def _kind_of_dtype(dtype: torch.dtype) -> str:
+def dtype_kind(dtype: torch.dtype) -> str:
+    """A dtype's kind: float, complex, bool or integer (loading casts within a kind, never across one)."""
     if dtype == torch.bool:
         return "bool"
     if dtype.is_complex:
@@ -44,9 +45,9 @@ def check_loaded_weights(module: nn.Module, state_dict: dict, prefix: str, *_) -
         mine = own.get(key[len(prefix) :]) if key.startswith(prefix) else None
         if mine is None or not isinstance(value, Tensor) or value.device.type == "meta":
             continue
-        if _kind_of_dtype(value.dtype) != _kind_of_dtype(mine.dtype):
+        if dtype_kind(value.dtype) != dtype_kind(mine.dtype):
             raise ValueError(
-                f"weight {key} is {value.dtype} but the model's is {mine.dtype}: {_kind_of_dtype(value.dtype)} values "
+                f"weight {key} is {value.dtype} but the model's is {mine.dtype}: {dtype_kind(value.dtype)} values "
                 "are not weights of this model (torch would cast them silently); load the file the model was saved to"
             )
         if value.is_floating_point() and not bool(torch.isfinite(value).all()):

@@ -9,6 +9,7 @@ import os
 import re
 import stat
 import sys
+import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -201,6 +202,12 @@ def build_model(settings: Settings, spec: str, num_classes: int) -> torch.nn.Mod
     model carries the record its saved weights will say what they are by (``vit_rope_record``), and the keys its
     starting weights gave none for (``vit_rope_new_head``: a classifier of another class count, initialised anew)."""
     name, kwargs, defaults = model_args(settings, spec)
+    with warnings.catch_warnings():  # the library's warning of a new classifier: check_head says it in a line
+        warnings.filterwarnings("ignore", message="the checkpoint's classifier has", category=UserWarning)
+        return _built(settings, spec, num_classes, name, kwargs, defaults)
+
+
+def _built(settings: Settings, spec: str, num_classes: int, name: str, kwargs: dict, defaults: dict) -> torch.nn.Module:
     try:
         model, used = create(name, settings.pretrained, num_classes, kwargs, defaults)
     except (ValueError, TypeError, AssertionError) as e:

@@ -36,7 +36,7 @@ from safetensors.torch import save as safetensors_bytes
 from timm.models._hub import save_config_for_hf  # (timm.models exports push_to_hf_hub, not its config writer)
 from torch import nn
 
-from ..checkpoint import RECORD, checkpoint_filter_fn, inflate_image_checkpoint, unwrap_state_dict
+from ..checkpoint import RECORD, checkpoint_filter_fn, dtype_kind, inflate_image_checkpoint, unwrap_state_dict
 from .folder import atomic_write, file_kind, read_own
 
 __all__ = ["CONFIG", "ModelFolder", "check_record", "file_sha256", "load_initial_weights", "model_record",
@@ -236,7 +236,11 @@ def load_initial_weights(
     def checked_filter(state_dict: dict, model: nn.Module) -> dict:
         out, own = filter_fn(state_dict, model), model.state_dict()
         new[:] = [k for k, v in out.items() if k in own and v.data_ptr() == own[k].data_ptr() and v.numel()]
-        wrong = [(k, v.dtype, own[k].dtype) for k, v in out.items() if k in own and dtype_kind(v) != dtype_kind(own[k])]
+        wrong = [
+            (k, v.dtype, own[k].dtype)
+            for k, v in out.items()
+            if k in own and dtype_kind(v.dtype) != dtype_kind(own[k].dtype)
+        ]
         if wrong:
             k, have, want = wrong[0]
             raise ValueError(
@@ -263,13 +267,6 @@ def load_initial_weights(
         )
         check_record(read_record(path), model, spec, f"--initial-checkpoint {path!r}", fix)
     return new
-
-
-def dtype_kind(t: torch.Tensor) -> str:
-    """A dtype's kind: float, complex, bool or integer (a load casts within a kind only)."""
-    if t.dtype == torch.bool:
-        return "bool"
-    return "float" if t.is_floating_point() else "complex" if t.is_complex() else "integer"
 
 
 def recorded_labels(path: str | Path) -> list[str] | None:
