@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from timm.data.naflex_transforms import patchify_image
 
 from vit_rope import FAMILIES
+from vit_rope.training import optim
 
 KINDS = ["ape", *sorted(n for n, f in FAMILIES.items() if f.min_axes <= 2)]  # every image pos_embed
 
@@ -116,7 +117,7 @@ def test_train_py_fuses_adamw_and_pins_batches_on_cuda(device):
     train = pytest.importorskip("train", reason="train.py's packages (timm, pyyaml, safetensors, tqdm) are missing")
     settings, _ = train.parse_config(["--device", str(device), "--opt", "adamw", "--lr", "0.01"])
     models = {"cpu": tiny("axial"), "device": tiny("axial").to(device)}
-    optimizers = {k: train.make_optimizer(m, settings, steps=10)[0] for k, m in models.items()}
+    optimizers = {k: optim.make_optimizer(m, settings, steps=10)[0] for k, m in models.items()}
     fused = [bool(g.get("fused")) for g in optimizers["device"].param_groups]
     assert fused == [device.type == "cuda"] * len(fused)
     for step in range(3):

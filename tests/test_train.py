@@ -23,7 +23,7 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 import train
 from vit_rope import FAMILIES
 from vit_rope.training import data as D
-from vit_rope.training import folder, models
+from vit_rope.training import folder, models, optim, resume
 from vit_rope.training.data import SyntheticScenes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -201,7 +201,7 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypa
             loss = super().forward(logits, target)
             return loss * float("nan") if calls["n"] > 3 else loss  # 3 steps per epoch: breaks in epoch 2
 
-    monkeypatch.setattr(train, "LabelSmoothingCrossEntropy", lambda *_: Exploding())
+    monkeypatch.setattr(optim, "LabelSmoothingCrossEntropy", lambda *_: Exploding())
     with pytest.raises(SystemExit, match="loss became nan at epoch 2"):
         train.main([*TINY, "--models", "vit_rope_tiny", "--output", str(tmp_path)])
     state = torch.load(tmp_path / "vit_rope_tiny" / "checkpoint.pt", weights_only=False)
@@ -255,19 +255,19 @@ def test_mixup_and_cutmix_feed_soft_targets(tmp_path, monkeypatch):
     """--mixup/--cutmix run timm's Mixup on every batch, and the loss gets its mixed targets."""
     mixed, fed = [], []
 
-    class SpyMixup(train.Mixup):
+    class SpyMixup(optim.Mixup):
         def __call__(self, x, target):
             x, soft = super().__call__(x, target)
             mixed.append(soft)
             return x, soft
 
-    class SpyLoss(train.SoftTargetCrossEntropy):
+    class SpyLoss(optim.SoftTargetCrossEntropy):
         def forward(self, logits, target):
             fed.append(target)
             return super().forward(logits, target)
 
-    monkeypatch.setattr(train, "Mixup", SpyMixup)
-    monkeypatch.setattr(train, "SoftTargetCrossEntropy", SpyLoss)
+    monkeypatch.setattr(optim, "Mixup", SpyMixup)
+    monkeypatch.setattr(optim, "SoftTargetCrossEntropy", SpyLoss)
     args = [*TINY, "--models", "vit_rope_tiny", "--rope-scaling", "none", "--epochs", "1", "--label-smoothing", "0"]
     train.main([*args, "--mixup", "0.8", "--cutmix", "1.0", "--output", str(tmp_path)])
     assert len(mixed) == 3  # 96 samples / batch 32
@@ -399,16 +399,16 @@ def test_a_saved_optimizer_state_resumes_with_this_devices_implementation():
     resumes under the other, taking this run's implementation rather than the saved one."""
     model = torch.nn.Linear(3, 2)
     settings, _ = train.parse_config(["--opt", "adamw"])
-    optimizer, _ = train.make_optimizer(model, settings, steps=1)
+    optimizer, _ = optim.make_optimizer(model, settings, steps=1)
     assert not any(g.get("fused") for g in optimizer.param_groups)  # the CPU: torch's default
     model(torch.randn(4, 3)).sum().backward()
     optimizer.step()
     saved = optimizer.state_dict()
     for g in saved["param_groups"]:
         g["fused"], g["foreach"] = True, False  # as a CUDA run saves it
-    assert train.optimizer_problem(model, settings, saved) == ""
-    resumed, _ = train.make_optimizer(model, settings, steps=1)
-    resumed.load_state_dict(train.own_implementation(saved, resumed))
+    assert resume.optimizer_problem(model, settings, saved) == ""
+    resumed, _ = optim.make_optimizer(model, settings, steps=1)
+    resumed.load_state_dict(optim.own_implementation(saved, resumed))
     assert [g["fused"] for g in resumed.param_groups] == [g["fused"] for g in optimizer.param_groups]
     assert saved["param_groups"][0]["fused"] is True  # (the saved state itself is left as it was)
 
@@ -483,7 +483,7 @@ def test_initial_checkpoint_takes_a_runs_checkpoint_and_its_ema(tmp_path):
     train.main([*one, "--ema", "--ema-decay", "0.999999999999", "--output", str(tmp_path / "ema")])
     ckpt = tmp_path / "ema" / "vit_rope_tiny" / "checkpoint.pt"
     rows = train.main([*one, "--eval-only", "--initial-checkpoint", str(ckpt), "--output", str(tmp_path / "ev")])
-    assert rows == train.json.loads((tmp_path / "ema" / "vit_rope_tiny" / "results.json").read_text())
+    assert rows == json.loads((tmp_path / "ema" / "vit_rope_tiny" / "results.json").read_text())
     import numpy as np
 
     torch.save(dict(model={}, rng=np.zeros(3)), tmp_path / "old.pt")
@@ -503,12 +503,12 @@ def test_model_spec_values_may_hold_commas():
 def test_scaling_modes_skip_what_a_model_cannot_take():
     modes = ["none", "pi", "ntk", "yarn", "normalized"]
     kw = dict(depth=1, img_size=32, patch_size=8)
-    assert train.scaling_modes(timm.create_model("vit_ape_tiny", **kw), modes) == ["-"]
-    assert train.scaling_modes(timm.create_model("vit_rope_tiny", **kw), modes) == modes
+    assert models.scaling_modes(timm.create_model("vit_ape_tiny", **kw), modes) == ["-"]
+    assert models.scaling_modes(timm.create_model("vit_rope_tiny", **kw), modes) == modes
     mixed = timm.create_model("vit_rope_mixed_tiny", **kw)
-    assert train.scaling_modes(mixed, modes) == ["none", "pi", "normalized"]
+    assert models.scaling_modes(mixed, modes) == ["none", "pi", "normalized"]
     vo = timm.create_model("vit_rope_tiny", rope_targets="vo", **kw)
-    assert train.scaling_modes(vo, modes) == ["none", "pi", "ntk", "normalized"]
+    assert models.scaling_modes(vo, modes) == ["none", "pi", "ntk", "normalized"]
 
 
 # ----------------------------------------------------------------------------------- hostile input
@@ -771,7 +771,7 @@ def nan_gradient_at(step: int, monkeypatch) -> None:
             loss = super().forward(logits, target)
             return loss + 0 * torch.sqrt(logits.sum() * 0) if calls["n"] >= step else loss
 
-    monkeypatch.setattr(train, "LabelSmoothingCrossEntropy", lambda *_: Poisoned())
+    monkeypatch.setattr(optim, "LabelSmoothingCrossEntropy", lambda *_: Poisoned())
 
 
 def test_non_finite_weights_stop_the_run_before_they_are_saved(tmp_path, monkeypatch):
@@ -820,7 +820,7 @@ def test_layer_decay_scales_each_blocks_lr_by_timms_rule(decay):
     depth = 3
     model = timm.create_model("vit_rope_mixed_tiny", depth=depth, img_size=32, patch_size=8, num_classes=4)
     settings, _ = train.parse_config(["--layer-decay", str(decay), "--lr", "0.01", "--warmup-epochs", "0"])
-    optimizer, scheduler = train.make_optimizer(model, settings, steps=10)
+    optimizer, scheduler = optim.make_optimizer(model, settings, steps=10)
     last = depth + 1
 
     def layer(name: str) -> int:

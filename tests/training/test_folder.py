@@ -3,6 +3,7 @@ whatever a file it did not write says (an earlier run's config, a folder receive
 link or special file planted before or while it runs, and a kill leaves every file whole. Each case one clear line,
 every file outside the run's own byte-identical."""
 
+import json
 import os
 import pathlib
 import shutil
@@ -322,8 +323,8 @@ def test_forged_results_are_one_line_and_the_results_stay(forge, message, finish
     """Issue 35, 5: a results.json whose rows parse but lie is refused on --resume before anything changes."""
     run = copy_of(finished, tmp_path)
     path = run / "vit_rope_tiny" / "results.json"
-    forged = forge(train.json.loads(path.read_text()))
-    path.write_text(forged if forged == "not json" else train.json.dumps(forged))
+    forged = forge(json.loads(path.read_text()))
+    path.write_text(forged if forged == "not json" else json.dumps(forged))
     before = snapshot(run)
     with pytest.raises(SystemExit, match=message) as stop:
         train.main(["--output", str(run), "--resume"])

@@ -1,5 +1,7 @@
 """The models a run builds (vit_rope/training/models.py): any timm model, given only the run's defaults it takes."""
 
+import json
+
 import train
 
 
@@ -12,7 +14,7 @@ def test_any_timm_model_trains_without_kwargs_it_never_asked_for(tmp_path):
             "--no-native-eval", "--output", str(tmp_path / "out")]  # fmt: skip
     rows = train.main(args)
     assert [(r["model"], r["rope_scaling"]) for r in rows] == [("resnet18", "-")]
-    saved = train.json.loads((tmp_path / "out" / "resnet18" / "results.json").read_text())
+    saved = json.loads((tmp_path / "out" / "resnet18" / "results.json").read_text())
     assert saved == rows
 
 

@@ -30,8 +30,8 @@ except ImportError:  # Windows: no flock, so no lock (two runs on one folder are
     fcntl = None
 
 __all__ = ["DISK_FULL", "MODEL_FILES", "RESULT_FILES", "RUN_FILES", "append_csv", "atomic_write", "check_output",
-           "check_own_files", "disk_error", "drop_log_rows", "locked", "read_log", "read_own", "remove_run_files",
-           "run_folder", "write_csv", "write_json"]  # fmt: skip
+           "check_own_files", "disk_error", "drop_log_rows", "locked", "made", "read_log", "read_own",
+           "remove_run_files", "run_folder", "write_csv", "write_json"]  # fmt: skip
 
 RESULT_FILES = ("results.csv", "results.md", "accuracy_vs_resolution.png", "extrapolation.png", "overview.png")
 RUN_FILES = ("config.yaml", "log.csv", *RESULT_FILES)
@@ -361,3 +361,13 @@ def drop_log_rows(path: Path, tag: str, after: int) -> None:
         remove_run_files(path.parent, [], [path.name])  # append_csv writes the header again
     elif len(keep) < len(rows):
         atomic_write(path, write_csv, keep)
+
+
+def made(folder: Path) -> None:
+    """A run's folder made (a full disk: one line naming it)."""
+    try:
+        folder.mkdir(exist_ok=True)
+    except OSError as e:
+        if e.errno in DISK_FULL:
+            raise disk_error(folder, e) from None
+        raise

@@ -4,9 +4,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .folder import run_folder
+from .report import FINETUNE_PROTOCOL
 from .settings import Settings
 
-__all__ = ["Run", "plan_runs"]
+__all__ = ["Run", "eval_jobs", "plan_runs"]
 
 
 @dataclass(frozen=True)
@@ -43,3 +44,14 @@ def plan_runs(settings: Settings) -> list[Run]:
                 run_settings = replace(settings.for_recipe(recipe), seed=seed)
                 plan.append(Run(spec, model, recipe, seed, tag, run_settings, folder))
     return plan
+
+
+def eval_jobs(settings: Settings, modes: list[str], tuned: list[str] = ()) -> list[tuple[str, int, str]]:
+    """(protocol, eval size, scaling mode) of every result row of one model, in order: zero-shot under ``modes``,
+    then each fine-tuning (--finetune-sizes) under ``tuned``."""
+    native = settings.native_eval and settings.dataset in ("synthetic", "synthetic_video")
+    jobs = [(p, s, m) for p in ["resize"] + ["native"] * native for s in settings.eval_sizes for m in modes]
+    # n: tokens an image; NTK and YaRN rescale one frequency ladder for a whole batch, and the images of a NaFlex
+    # batch each ask their own scale: the modes of coordinates (per image) alone
+    jobs += [("naflex", n, m) for n in settings.eval_seq_lens for m in modes if m not in ("ntk", "yarn")]
+    return jobs + [(FINETUNE_PROTOCOL, s, m) for s in settings.finetune_sizes for m in tuned]

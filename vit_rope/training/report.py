@@ -434,26 +434,30 @@ def overview_figure(summary: Summary, train_size: int, about: str, chance: float
     ax.grid(alpha=0.3)
     fig.legend(loc="outside lower left", fontsize=7, ncol=2, frameon=False)  # (below: 13 models hide no line)
     for ax, size in zip(axes[0][1:], tuned_sizes, strict=True):
-        after = best_modes(tuned, size)
-        before = best_modes(curves, size)
-        order = sorted((k for k in after if size in after[k][1]), key=lambda k: after[k][1][size]["mean"])
-        xs = []
-        for y, key in enumerate(order):
-            cell = after[key][1][size]
-            ax.errorbar(cell["mean"], y, xerr=cell["std"], color=colour.get(key, "black"), marker="o", capsize=2)
-            xs += [cell["mean"] - cell["std"], cell["mean"] + cell["std"]]
-            if size in before.get(key, (None, {}))[1]:
-                zs = before[key][1][size]
-                ax.errorbar(zs["mean"], y, xerr=zs["std"], color=colour.get(key, "black"), marker="o",
-                            markerfacecolor="white", capsize=2, alpha=0.8)  # fmt: skip
-                xs += [zs["mean"] - zs["std"], zs["mean"] + zs["std"]]
-        names = [m + (f", {r}" if r else "") for m, r in order]
-        ax.set_yticks(range(len(order)), names, fontsize=7)
-        ax.set(title=f"{about}\nat {size} px: fine-tuned there (filled), zero-shot at best (hollow)",
-               xlabel="top-1 (%), mean ± std over seeds")  # fmt: skip
-        fit(ax, xs, [], chance)
-        ax.grid(alpha=0.3, axis="x")
+        finetuned_panel(ax, size, best_modes(tuned, size), best_modes(curves, size), colour, about, chance)
     return fig
+
+
+def finetuned_panel(ax, size: int, after: dict, before: dict, colour: dict, about: str, chance: float | None) -> None:
+    """One panel of :func:`overview_figure`: each model's top-1 fine-tuned at ``size`` (filled, ``after``) beside its
+    best zero-shot top-1 there (hollow, ``before``), sorted by the fine-tuned mean."""
+    order = sorted((k for k in after if size in after[k][1]), key=lambda k: after[k][1][size]["mean"])
+    xs = []
+    for y, key in enumerate(order):
+        cell = after[key][1][size]
+        ax.errorbar(cell["mean"], y, xerr=cell["std"], color=colour.get(key, "black"), marker="o", capsize=2)
+        xs += [cell["mean"] - cell["std"], cell["mean"] + cell["std"]]
+        if size in before.get(key, (None, {}))[1]:
+            zs = before[key][1][size]
+            ax.errorbar(zs["mean"], y, xerr=zs["std"], color=colour.get(key, "black"), marker="o",
+                        markerfacecolor="white", capsize=2, alpha=0.8)  # fmt: skip
+            xs += [zs["mean"] - zs["std"], zs["mean"] + zs["std"]]
+    names = [m + (f", {r}" if r else "") for m, r in order]
+    ax.set_yticks(range(len(order)), names, fontsize=7)
+    ax.set(title=f"{about}\nat {size} px: fine-tuned there (filled), zero-shot at best (hollow)",
+           xlabel="top-1 (%), mean ± std over seeds")  # fmt: skip
+    fit(ax, xs, [], chance)
+    ax.grid(alpha=0.3, axis="x")
 
 
 def add_legend(fig, colour: dict[tuple[str, str], tuple], modes: list[str], points: bool) -> None:

@@ -41,7 +41,8 @@ from .folder import atomic_write, file_kind, read_own
 
 __all__ = ["CONFIG", "ModelFolder", "check_record", "file_sha256", "load_initial_weights", "model_record",
            "read_checkpoint", "read_model_folder", "read_record", "recorded_labels", "resume_remedy",
-           "save_model_folder", "timm_checkpoint_filter", "timm_config", "trained_epochs", "weights_file"]  # fmt: skip
+           "save_model_folder", "timm_checkpoint_filter", "timm_config", "torch_bytes", "trained_epochs",
+           "weights_file"]  # fmt: skip
 
 STATE_KEYS = ("model", "optimizer", "model_ema", "epoch", "rng")  # a checkpoint.pt's resume state
 RECORD_FIELDS = ("model", "kind", "model_args")
@@ -434,6 +435,12 @@ def config_problem(config: Any, registered: set[str]) -> str:
     bad = [k for k in args if not k.isidentifier() or k in LOADER_ARGS]
     if bad:
         return f"its model_args holds {bad[0][:60]!r}, which is not an argument of a model (it says how to load one)"
+    return preprocessing_problem(config)
+
+
+def preprocessing_problem(config: dict) -> str:
+    """What is wrong with a config.json's preprocessing fields (``pretrained_cfg``'s input size, mean, std, class
+    count, interpolation and crop) and its label names ('' if nothing)."""
     pretrained = config.get("pretrained_cfg", {})
     if not isinstance(pretrained, dict):
         return f"its pretrained_cfg is a JSON {type(pretrained).__name__}, not an object"
@@ -490,3 +497,11 @@ def read_model_folder(path: str | Path) -> ModelFolder:
     args = {k: v for k, v in config.get("model_args", {}).items() if k != "num_classes"}
     return ModelFolder(path, config["architecture"], args, pretrained.get("input_size"), pretrained.get("mean"),
                        pretrained.get("std"))  # fmt: skip
+
+
+def torch_bytes(obj: object) -> bytes:
+    """``torch.save`` into memory: the file is then one plain write (a full disk is one error naming it, not torch's
+    writer's RuntimeError)."""
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
