@@ -23,7 +23,7 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 import train
 from vit_rope import FAMILIES
 from vit_rope.training import data as D
-from vit_rope.training import folder, models, optim, resume
+from vit_rope.training import folder, models, optim
 from vit_rope.training.data import SyntheticScenes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -251,33 +251,6 @@ def test_ema_weights_are_the_ones_evaluated_and_saved(tmp_path):
     assert top1[0] == top1[1]
 
 
-def test_mixup_and_cutmix_feed_soft_targets(tmp_path, monkeypatch):
-    """--mixup/--cutmix run timm's Mixup on every batch, and the loss gets its mixed targets."""
-    mixed, fed = [], []
-
-    class SpyMixup(optim.Mixup):
-        def __call__(self, x, target):
-            x, soft = super().__call__(x, target)
-            mixed.append(soft)
-            return x, soft
-
-    class SpyLoss(optim.SoftTargetCrossEntropy):
-        def forward(self, logits, target):
-            fed.append(target)
-            return super().forward(logits, target)
-
-    monkeypatch.setattr(optim, "Mixup", SpyMixup)
-    monkeypatch.setattr(optim, "SoftTargetCrossEntropy", SpyLoss)
-    args = [*TINY, "--models", "vit_rope_tiny", "--rope-scaling", "none", "--epochs", "1", "--label-smoothing", "0"]
-    train.main([*args, "--mixup", "0.8", "--cutmix", "1.0", "--output", str(tmp_path)])
-    assert len(mixed) == 3  # 96 samples / batch 32
-    assert all(f is m for f, m in zip(fed, mixed, strict=True))
-    for soft in mixed:
-        assert soft.shape == (32, 8)
-        torch.testing.assert_close(soft.sum(1), torch.ones(32))
-        assert (soft.amax(1) < 1).any()  # without label smoothing only mixing makes a row soft (not one-hot)
-
-
 def test_data_config_comes_from_the_models_pretrained_cfg():
     """Without building the model, the same normalisation as timm reads off the built one (with an overlay too)."""
     cfg, _ = train.parse_config([*TINY])
@@ -394,25 +367,6 @@ def test_compile_trains_and_evaluates_as_eager(tmp_path):
     assert train.main(["--output", str(tmp_path / "eager"), "--resume", "--compile"]) == eager
 
 
-def test_a_saved_optimizer_state_resumes_with_this_devices_implementation():
-    """Fused AdamW (a CUDA run's) and torch's default (a CPU run's) compute the same update: a state saved by either
-    resumes under the other, taking this run's implementation rather than the saved one."""
-    model = torch.nn.Linear(3, 2)
-    settings, _ = train.parse_config(["--opt", "adamw"])
-    optimizer, _ = optim.make_optimizer(model, settings, steps=1)
-    assert not any(g.get("fused") for g in optimizer.param_groups)  # the CPU: torch's default
-    model(torch.randn(4, 3)).sum().backward()
-    optimizer.step()
-    saved = optimizer.state_dict()
-    for g in saved["param_groups"]:
-        g["fused"], g["foreach"] = True, False  # as a CUDA run saves it
-    assert resume.optimizer_problem(model, settings, saved) == ""
-    resumed, _ = optim.make_optimizer(model, settings, steps=1)
-    resumed.load_state_dict(optim.own_implementation(saved, resumed))
-    assert [g["fused"] for g in resumed.param_groups] == [g["fused"] for g in optimizer.param_groups]
-    assert saved["param_groups"][0]["fused"] is True  # (the saved state itself is left as it was)
-
-
 class Killed(BaseException):
     """A kill at a chosen point of a run (BaseException: nothing in train.py catches it)."""
 
@@ -449,30 +403,6 @@ def test_kill_while_writing_the_checkpoint_leaves_no_duplicate_log_row(tmp_path,
     monkeypatch.undo()
     train.main(["--output", str(tmp_path / "killed"), "--resume"])
     same_run(tmp_path / "killed", tmp_path / "full")
-
-
-def test_resume_restores_each_ranks_rng(tmp_path, monkeypatch, capsys):
-    """The checkpoint keeps every rank's RNG state (one here), as tensors and plain numbers; another world size
-    continues from rank 0's with a note."""
-    import shutil
-
-    args = [*ONE, "--drop-path", "0.1"]  # drop path draws from the RNG: a wrong state changes the numbers
-    train.main([*args, "--output", str(tmp_path / "full")])
-    interrupt(monkeypatch, at=1, before=False)
-    with pytest.raises(Killed):
-        train.main([*args, "--output", str(tmp_path / "killed")])
-    monkeypatch.undo()
-    ckpt = Path("vit_rope_tiny") / "checkpoint.pt"
-    state = torch.load(tmp_path / "killed" / ckpt, weights_only=True)  # plain data: no pickled numpy objects
-    assert isinstance(state["rng"], list) and len(state["rng"]) == 1
-    variants = dict(new=state["rng"], two=[state["rng"][0], state["rng"][0]])  # (every process's state is checked)
-    for name, rng in variants.items():
-        shutil.copytree(tmp_path / "killed", tmp_path / name)
-        torch.save(dict(state, rng=rng), tmp_path / name / ckpt)
-        capsys.readouterr()
-        train.main(["--output", str(tmp_path / name), "--resume"])
-        assert ("RNG state of 2 process(es), this run has 1" in capsys.readouterr().out) == (name == "two")
-        same_run(tmp_path / name, tmp_path / "full")
 
 
 def test_initial_checkpoint_takes_a_runs_checkpoint_and_its_ema(tmp_path):
@@ -811,49 +741,6 @@ def test_ctrl_c_is_one_line(capsys):
 
 
 # ---------------------------------------------------------------------------------------------- fine-tuning
-@pytest.mark.parametrize("decay", [0.65, 0.75])
-def test_layer_decay_scales_each_blocks_lr_by_timms_rule(decay):
-    """BEiT's rule as timm applies it: with L the last layer id, a parameter of layer i trains at lr · decay^(L - i);
-    the stem (tokens, patch embedding) is layer 0, block b layer b + 1 (the final norm with the last block), the head
-    and a learned position encoding (one tensor for every layer) layer L; the same scales as timm gives its own RoPE
-    ViT."""
-    depth = 3
-    model = timm.create_model("vit_rope_mixed_tiny", depth=depth, img_size=32, patch_size=8, num_classes=4)
-    settings, _ = train.parse_config(["--layer-decay", str(decay), "--lr", "0.01", "--warmup-epochs", "0"])
-    optimizer, scheduler = optim.make_optimizer(model, settings, steps=10)
-    last = depth + 1
-
-    def layer(name: str) -> int:
-        if name.startswith("blocks."):
-            return int(name.split(".")[1]) + 1
-        return {"norm": depth, "head": last, "position_encoding": last}.get(name.split(".")[0], 0)
-
-    scale = {id(p): g["lr_scale"] for g in optimizer.param_groups for p in g["params"]}
-    ours = {n: scale[id(p)] for n, p in model.named_parameters()}
-    for name, s in ours.items():
-        assert s == pytest.approx(decay ** (last - layer(name))), name
-    scheduler.step_update(0)
-    for g in optimizer.param_groups:
-        assert g["lr"] == pytest.approx(settings.lr * g["lr_scale"])
-    # timm's own RoPE ViT (Eva) under timm's optimizer factory: the same scale for every parameter both have
-    eva = timm.create_model("vit_small_patch16_rope_mixed_224", depth=depth, num_classes=4)
-    theirs = timm.optim.create_optimizer_v2(eva, "adamw", lr=0.01, layer_decay=decay)
-    scale = {id(p): g["lr_scale"] for g in theirs.param_groups for p in g["params"]}
-    rename = {"gamma_1": "ls1.gamma", "gamma_2": "ls2.gamma", "rope.freqs": "position_encoding.family.frequencies"}
-    shared = 0
-    for name, p in eva.named_parameters():
-        for old, new in rename.items():
-            name = name.replace(old, new)
-        if name in ours:
-            shared += 1
-            assert ours[name] == pytest.approx(scale[id(p)]), name
-    assert shared >= len(ours) - 1  # (our APE-free trunk lacks nothing of theirs but its pos_embed)
-
-
-@pytest.mark.parametrize("value", ["0", "1.5", "-0.7"])
-def test_layer_decay_outside_zero_to_one_is_refused(value):
-    with pytest.raises(SystemExit, match=r"layer_decay must be in \(0, 1\]"):
-        train.parse_config(["--layer-decay", value])
 
 
 def test_the_finetuning_config_trains_from_a_timm_checkpoint(tmp_path):
@@ -1089,25 +976,6 @@ def test_weights_of_another_dtype_kind_are_refused_not_cast(finished_run, tmp_pa
                         "--output", str(tmp_path / "int")])  # fmt: skip
 
 
-def test_resume_refuses_an_initial_checkpoint_replaced_since_the_run_began(finished_run, tmp_path):
-    """A run records the sha256 of the weights it started from; --resume after the file was replaced would mix rows
-    of two weight files in one table: refused, naming the file and both hashes."""
-    start = tmp_path / "start.safetensors"
-    shutil.copy(finished_run / "vit_rope_tiny" / "model.safetensors", start)
-    args = [*ONE, "--eval-only", "--initial-checkpoint", str(start), "--output", str(tmp_path / "ev")]
-    train.main(args)
-    digest = yaml.safe_load((tmp_path / "ev" / "config.yaml").read_text())["initial_checkpoint_sha256"]
-    assert digest == __import__("hashlib").sha256(start.read_bytes()).hexdigest()
-    weights = load_file(start)
-    save_file({k: v + 1 if k == "head.bias" else v for k, v in weights.items()}, start)
-    before = snapshot(tmp_path / "ev")
-    with pytest.raises(SystemExit, match=rf"start.safetensors of sha256 {digest[:12]}\.\.\., and that file now has"):
-        train.main(["--output", str(tmp_path / "ev"), "--resume"])
-    assert snapshot(tmp_path / "ev") == before
-    with pytest.raises(SystemExit, match="not --initial-checkpoint-sha256"):  # a hash given: the file must have it
-        train.main([*args[:-1], str(tmp_path / "pinned"), "--initial-checkpoint-sha256", digest])
-
-
 class FullDisk:
     """A file opened for writing whose writes fail as on a full disk."""
 
@@ -1152,43 +1020,6 @@ def test_a_full_disk_is_one_line_naming_the_file_and_resume_finishes_the_run(nam
     assert read_csv(out / "results.csv") == read_csv(tmp_path / "full" / "results.csv")
 
 
-def test_any_workers_give_the_same_augmented_batches_and_a_resume_may_change_them(tmp_path, monkeypatch):
-    """--workers is documented as just applying on --resume: each training sample's augmentation is drawn from
-    (seed, epoch, index), so 0 and 2 workers train the same, and a run killed after epoch 1 and resumed with 2
-    workers ends as the unbroken run with 0."""
-    args = [*ONE, "--aug", "--drop-path", "0.1"]  # (random crops and flips; drop path draws in the main process)
-    train.main([*args, "--output", str(tmp_path / "full")])
-    train.main([*args, "--workers", "2", "--output", str(tmp_path / "two")])
-    same_run(tmp_path / "two", tmp_path / "full")
-    interrupt(monkeypatch, at=1, before=False)
-    with pytest.raises(Killed):
-        train.main([*args, "--output", str(tmp_path / "killed")])
-    monkeypatch.undo()
-    train.main(["--output", str(tmp_path / "killed"), "--resume", "--workers", "2"])
-    same_run(tmp_path / "killed", tmp_path / "full")
-
-
-def test_scaling_modes_that_compute_the_same_are_evaluated_once(tmp_path, capsys):
-    """Under rope_coords=normalized every mode computes the same (checked here on the model): one row per size,
-    as none, and a line naming the modes it stands for."""
-    modes = ["none", "pi", "ntk", "yarn", "normalized"]
-    model = timm.create_model("vit_rope_tiny", rope_coords="normalized", img_size=16, patch_size=8, depth=1,
-                              embed_dim=32, num_heads=2).eval()  # fmt: skip
-    x = torch.randn(2, 3, 24, 24)
-    outputs = []
-    for mode in modes:
-        model.set_rope_scaling(mode)
-        with torch.no_grad():
-            outputs.append(model(x))
-    assert all(torch.equal(outputs[0], o) for o in outputs[1:])
-    args = [*ONE, "--model-kwargs", *TINY_KWARGS[1:], "rope_coords=normalized", "--eval-sizes", "16", "24"]
-    rows = train.main([*args, "--rope-scaling", *modes, "--epochs", "1", "--no-native-eval", "--output", str(tmp_path)])
-    assert [(r["eval_size"], r["rope_scaling"]) for r in rows] == [(16, "none"), (24, "none")]
-    assert "--rope-scaling none pi ntk yarn normalized all compute the same: evaluated once, as none" in (
-        capsys.readouterr().out
-    )
-
-
 def test_the_printed_results_are_the_ones_written_never_a_file_planted_after(tmp_path, monkeypatch, capsys):
     """results.md is printed from what the run wrote, not read back by path: a link planted there afterwards (to
     a file of someone else's) is neither followed nor printed."""
@@ -1206,43 +1037,6 @@ def test_the_printed_results_are_the_ones_written_never_a_file_planted_after(tmp
     train.main([*ONE, "--epochs", "1", "--output", str(tmp_path / "run")])
     printed = capsys.readouterr().out
     assert "not the run's" not in printed and "| vit_rope_tiny |" in printed
-
-
-def test_an_output_inside_the_data_is_refused(tmp_path):
-    """The run's figures and folders inside a folder dataset's train/ would become a class of its next run."""
-    make_imagefolder(tmp_path / "data", classes=2, per_class=2)
-    for out in (tmp_path / "data" / "train" / "runs", tmp_path / "data"):
-        with pytest.raises(SystemExit, match=r"--output .* lies in --data-dir .*; choose an --output outside"):
-            train.main([*ONE, "--dataset", "imagefolder", "--data-dir", str(tmp_path / "data"), "--batch-size", "2",
-                        "--output", str(out)])  # fmt: skip
-    assert sorted(p.name for p in (tmp_path / "data" / "train").iterdir()) == ["class0", "class1"]
-
-
-def test_resume_with_no_run_to_continue_says_it_starts_one(tmp_path, capsys):
-    train.main([*ONE, "--epochs", "1", "--resume", "--output", str(tmp_path / "new")])
-    assert "holds no run to continue (no config.yaml); starting one" in capsys.readouterr().out
-
-
-def test_a_setting_that_takes_no_effect_says_so(tmp_path, capsys):
-    train.main([*ONE, "--epochs", "1", "--seq-lens", "5", "--finetune-steps", "5", "--allow-transfer",
-                "--ema-decay", "0.5", "--output", str(tmp_path / "run")])  # fmt: skip
-    out = capsys.readouterr().out
-    for flag, needs in (("seq-lens", "naflex"), ("finetune-steps", "finetune-sizes"),
-                        ("allow-transfer", "initial-checkpoint"), ("ema-decay", "ema")):  # fmt: skip
-        assert f"note: --{flag} takes no effect without --{needs} (no run has it)" in out
-
-
-def test_a_resumed_log_that_lacks_epochs_says_so(tmp_path, capsys):
-    run = tmp_path / "run"
-    train.main([*ONE, "--epochs", "2", "--output", str(run)])
-    rows = read_csv(run / "log.csv")
-    with open(run / "log.csv", "w", newline="") as f:  # (epoch 2's row lost, its checkpoint kept)
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows[:1])
-    capsys.readouterr()
-    train.main(["--output", str(run), "--resume", "--epochs", "3"])
-    assert "[vit_rope_tiny] log.csv lacks epoch(s) [2] of the checkpoint's 2" in capsys.readouterr().out
 
 
 def test_eval_only_figures_do_not_claim_a_training(finished_run, tmp_path, monkeypatch):
