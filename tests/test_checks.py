@@ -84,6 +84,12 @@ def test_an_image_size_that_is_not_one_or_two_whole_numbers_is_one_error(img_siz
         tiny(img_size=img_size)
 
 
+def test_an_image_size_of_numpy_ints_or_a_torch_size_is_taken():
+    np = pytest.importorskip("numpy")
+    for img_size in ((np.int64(32), np.int64(32)), torch.Size([32, 32])):  # (a bare np.int64: timm's builder refuses)
+        assert tiny(img_size=img_size).patch_embed.grid_size == (2, 2)
+
+
 @pytest.mark.parametrize("init_values", [float("nan"), float("inf")])
 def test_layer_scale_init_values_must_be_finite(init_values):
     """(before: a model whose every output was NaN)"""

@@ -40,7 +40,7 @@ def check_loaded_weights(module: nn.Module, state_dict: dict, prefix: str, *_) -
     than the model's (integer or bool where the model has floats: torch would cast it silently) or a float tensor
     holding NaN or inf (a damaged file, or a run that diverged) is one error naming it. Float weights of another
     precision (bf16, fp16 into fp32) load as before."""
-    own = module.state_dict()
+    own, floats = module.state_dict(), {}
     for key, value in state_dict.items():
         mine = own.get(key[len(prefix) :]) if key.startswith(prefix) else None
         if mine is None or not isinstance(value, Tensor) or value.device.type == "meta":
@@ -50,7 +50,12 @@ def check_loaded_weights(module: nn.Module, state_dict: dict, prefix: str, *_) -
                 f"weight {key} is {value.dtype} but the model's is {mine.dtype}: {dtype_kind(value.dtype)} values "
                 "are not weights of this model (torch would cast them silently); load the file the model was saved to"
             )
-        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+        if value.is_floating_point():
+            floats.setdefault(value.device, {})[key] = value
+    for tensors in floats.values():  # one wait a device, not one a tensor
+        finite = torch.stack([torch.isfinite(v).all() for v in tensors.values()])
+        if not bool(finite.all()):
+            key = list(tensors)[int((~finite).nonzero()[0])]
             raise ValueError(
                 f"weight {key} holds NaN or inf: the checkpoint is damaged, or saved from a run that diverged; load "
                 "weights saved before it diverged"

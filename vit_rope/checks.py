@@ -2,6 +2,7 @@
 says what is wrong and how to fix it (rather than a failure deep inside a convolution or attention)."""
 
 import math
+import operator
 from typing import Any
 
 import torch
@@ -49,7 +50,7 @@ def check_batch(x: Tensor, weight: Tensor) -> None:
     """An empty batch, input on another device than the weights, or of another floating dtype outside autocast, is
     an error here rather than deep inside a convolution."""
     dtype = weight.dtype
-    if x.device != weight.device:
+    if x.device != weight.device and weight.device.type != "meta":  # (meta: weights offloaded until their hook runs)
         raise ValueError(
             f"input is on {x.device} but the model's weights are on {weight.device}; move one to the other "
             f"(x.to({str(weight.device)!r}) or model.to({str(x.device)!r}))"
@@ -90,11 +91,17 @@ def check_sizes(
         raise ValueError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}; choose a divisor")
 
 
-def check_img_size(img_size: Any) -> None:
-    """An image size: one whole number of pixels, or two (height, width), each at least 1."""
+def check_img_size(img_size: Any) -> tuple[int, int]:
+    """An image size, one whole number of pixels or two (height, width), each at least 1, as (height, width)."""
     sizes = tuple(img_size) if isinstance(img_size, tuple | list) else (img_size,) * 2
-    if len(sizes) != 2 or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in sizes):
-        raise ValueError(f"img_size={img_size!r}: give a whole number of pixels, or two (height, width), at least 1")
+    try:  # whole numbers: ints, NumPy's, a torch.Size's (operator.index takes them, not 32.0 nor True)
+        if len(sizes) != 2 or any(isinstance(n, bool) or operator.index(n) < 1 for n in sizes):
+            raise TypeError
+    except TypeError:
+        raise ValueError(
+            f"img_size={img_size!r}: give a whole number of pixels, or two (height, width), at least 1"
+        ) from None
+    return operator.index(sizes[0]), operator.index(sizes[1])
 
 
 def check_init_values(init_values: float | None) -> None:

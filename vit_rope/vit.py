@@ -204,7 +204,7 @@ class VisionTransformer(nn.Module):
         check_global_pool(global_pool, class_token)
         check_sizes(embed_dim, depth, num_heads, mlp_ratio, reg_tokens, patch_size, in_chans)
         check_num_classes(num_classes)
-        check_img_size(img_size)
+        img_size = check_img_size(img_size)
         check_init_values(init_values)
         check_rates(
             drop_rate=drop_rate,

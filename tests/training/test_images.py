@@ -64,12 +64,28 @@ def test_a_link_loop_in_a_clip_folder_is_refused(tmp_path):
 def test_an_image_is_labelled_by_the_class_folder_it_really_lies_in(tmp_path, link):
     """a/x.png -> ../b/0.png (or a/more -> ../b) was labelled a: a class b image counted in a too."""
     train = twelve(tmp_path)
-    if link == "image":
+    if link == "image":  # one file with two labels
         os.symlink("../b/0.png", train / "a" / "x.png")
-    else:
-        os.symlink("../b", train / "a" / "more")
+        message = one_line_error(ValueError, "one file", lambda: D.CheckedImageFolder(str(train)))
+        assert "in two classes" in message and "'a'" in message and "'b'" in message
+        return
+    os.symlink("../b", train / "a" / "more")
     message = one_line_error(ValueError, "outside its class folder", lambda: D.CheckedImageFolder(str(train)))
     assert "really lies in" in message and str(train / "b") in message
+
+
+def test_images_linked_from_a_store_are_read_in_the_class_that_holds_the_link(tmp_path):
+    """git-annex, DVC and caches keep each image in a store and link it into its class folder: read, each image in
+    the class of its link (a first cut of the walk refused every such link as lying outside its class)."""
+    train, store = tmp_path / "train", tmp_path / ".store"
+    for cls, value in (("a", 40), ("b", 200)):
+        for i in range(3):
+            write(store / f"{cls}{i}.png", value)
+            (train / cls).mkdir(parents=True, exist_ok=True)
+            os.symlink(store / f"{cls}{i}.png", train / cls / f"{i}.png")
+    ds = D.CheckedImageFolder(str(train), lambda img: np.asarray(img)[0, 0, 0])
+    assert counts(ds) == {0: 3, 1: 3}
+    assert sorted((int(ds[i][0]), ds[i][1]) for i in range(6)) == [(40, 0)] * 3 + [(200, 1)] * 3
 
 
 def test_a_class_folder_that_is_a_link_reads_the_folder_it_points_to(tmp_path):
@@ -213,6 +229,16 @@ def test_an_image_cut_short_is_refused_by_the_checks(tmp_path, kind):
     check_image(str(whole))
     with pytest.raises(OSError, match=f"it is a {kind} file cut short"):
         check_image(str(cut))
+
+
+def test_a_jpeg_with_data_after_its_end_is_whole(tmp_path):
+    """A motion photo (a JPEG with a video after its end marker) decodes: taken, not "cut short" (a first cut of the
+    check read only the file's last bytes for the marker)."""
+    buffer = io.BytesIO()
+    Image.fromarray(np.random.default_rng(1).integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(buffer, "JPEG")
+    path = tmp_path / "motion.jpg"
+    path.write_bytes(buffer.getvalue() + bytes(300_000))  # zeros: no end marker among them
+    check_image(str(path))
 
 
 def test_palette_and_cmyk_images_are_read_as_rgb():

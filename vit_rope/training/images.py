@@ -11,10 +11,10 @@ inside a class is skipped.
 
 * never enters one folder twice: a link loop (``a/loop -> ..``) or a second link to a folder already walked is
   refused, naming the folder, rather than counting its images again (torchvision's walk counted 12 images as 492);
-* labels an image by the class folder it really lies in: a class folder may itself be a link (``train/cats ->
-  /data/cats``, its images are those of the real folder), but an image or folder inside a class whose real path is
-  not inside the class folder's real path (``a/x.png -> ../b/y.png``, a link into another class or elsewhere) is
-  refused;
+* labels an image by the class folder it lies in: a class folder may itself be a link (``train/cats -> /data/cats``,
+  its images are those of the real folder), but a folder inside a class whose real path is not inside the class
+  folder's real path (``a/more -> ../b``, a link into another class or elsewhere) is refused; an image file may be a
+  link (git-annex, DVC, a cache's store), labelled by the class folder that holds the link;
 * counts one file once: names that are one file (hard links, or symbolic links to one image, same device and inode)
   inside one class are one image, the first name in sorted order; one file in two classes (one image, two labels) is
   refused, and so is one file in both the training and the validation split (validation would test on training
@@ -46,7 +46,7 @@ class DataError(ValueError):
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 SIXTEEN = ("I;16", "I;16L", "I;16B", "I;16N")  # PIL's 16-bit unsigned grayscale modes
 WIDE = (*SIXTEEN, "I", "F")  # modes whose values PIL's convert() would clip to 8 bits
-TAIL = 65_536  # the last bytes of a PNG or JPEG read to see that it is whole
+TAIL = 4_096  # the last bytes of a PNG or JPEG read for its end marker (a whole file ends with it)
 
 
 def hidden(name: str) -> bool:
@@ -124,11 +124,17 @@ def check_image(path: str) -> None:
         if img.mode in WIDE:
             to_8bit(img, path)
     marker = {"PNG": b"IEND", "JPEG": b"\xff\xd9"}.get(kind)  # (0xFFD9 cannot occur inside JPEG's coded data)
-    if marker is not None:
-        with open(path, "rb") as f:
-            f.seek(max(0, os.fstat(f.fileno()).st_size - TAIL))
-            if marker not in f.read():
-                raise OSError(f"it is a {kind} file cut short (its end marker is missing)")
+    if marker is None:
+        return
+    with open(path, "rb") as f:
+        f.seek(max(0, os.fstat(f.fileno()).st_size - TAIL))
+        if marker in f.read():
+            return
+    try:  # no end marker where a whole file has it: decoded, to tell a file cut short from one with data after its
+        with Image.open(path) as img:  # end (a motion photo's video after a JPEG): PIL refuses a truncated image
+            img.load()
+    except OSError:
+        raise OSError(f"it is a {kind} file cut short (its end marker is missing and it does not decode)") from None
 
 
 class Walk:
@@ -175,9 +181,11 @@ class Walk:
         return found
 
     def inside(self, entry: os.DirEntry, class_folder: str) -> None:
-        """Refuse an entry of a class folder (or of a folder inside it) that is a link out of the class folder's
-        real path (an entry that is no link lies where its folder does: inside, by induction)."""
-        if not entry.is_symlink():
+        """Refuse a folder inside a class folder that is a link out of the class folder's real path (a folder that is
+        no link lies where its parent does: inside, by induction). A file may be a link anywhere: git-annex, DVC and
+        caches keep images in a store and link them into their class; such an image is labelled by the class folder
+        holding the link, and one file linked into two classes is refused by :meth:`file`."""
+        if not entry.is_symlink() or not entry.is_dir():
             return
         path = entry.path
         real, home = os.path.realpath(path), os.path.realpath(class_folder)

@@ -6,14 +6,15 @@ The estimate, in bytes, of one evaluation batch of ``B`` images of ``N`` tokens 
 ``H`` heads (float32 throughout, 4 bytes a number)::
 
     4 * (B * C * S**2 * 2        the images (C channels, S px; read and resized)
-         + 2 * B * H * N**2      the attention scores and their softmax (the math path, on the CPU)
+         + H * N**2              an attention bias's dense (heads, N, N) table, for the families that have one
          + 16 * B * N * D)       the activations of a block (qkv, the MLP's 4 D, the residual stream)
 
 with ``N`` the patches of an S-px image (``(S / P)**2`` for patch size P, times the frames of a clip) or a token
-budget of --eval-seq-lens, and ``B`` the --eval-batch-size (at most the validation set's size). On a CUDA device
-the scores are left out (its fused attention does not hold them) and the device's memory is the bound; on the CPU
-the machine's physical memory (``SC_PHYS_PAGES * SC_PAGE_SIZE``). An estimate above the bound is refused, naming the
-size, the estimate and the remedy. Models without a ViT's patch embedding are not estimated.
+budget of --eval-seq-lens, and ``B`` the --eval-batch-size (at most the validation set's size). Attention's scores are
+not counted: SDPA's fused kernels (flash attention on the CPU too, with or without a key mask) never hold them. The
+bound is a CUDA device's memory, or the machine's physical memory (``SC_PHYS_PAGES * SC_PAGE_SIZE``). An estimate
+above the bound is refused, naming the size, the estimate and the remedy. Models without a ViT's patch embedding
+are not estimated.
 """
 
 import os
@@ -25,10 +26,11 @@ __all__ = ["available_memory", "check_eval_memory", "eval_bytes"]
 GIB = 1 << 30
 
 
-def eval_bytes(batch: int, channels: int, pixels: int, tokens: int, width: int, heads: int, scores: bool) -> int:
-    """The estimate of the module docstring, in bytes (``pixels``: S, the side of an image; 0 for a token budget)."""
+def eval_bytes(batch: int, channels: int, pixels: int, tokens: int, width: int, heads: int, bias: bool) -> int:
+    """The estimate of the module docstring, in bytes (``pixels``: S, the side of an image; 0 for a token budget;
+    ``bias``: the model's position encoding is a dense attention bias)."""
     images = batch * channels * pixels**2 * 2
-    attention = 2 * batch * heads * tokens**2 if scores else 0
+    attention = heads * tokens**2 if bias else 0
     return 4 * (images + attention + 16 * batch * tokens * width)
 
 
@@ -66,13 +68,14 @@ def check_eval_memory(settings, spec: str, model: torch.nn.Module, n_val: int, d
     patch, tubelet, width, heads = shape
     frames = max(getattr(settings, "num_frames", 1) // tubelet, 1) if tubelet > 1 else 1
     batch = max(min(settings.eval_batch_size, n_val), 1)
-    scores = device.type != "cuda"
+    family = getattr(getattr(model, "position_encoding", None), "family", None)
+    bias = family is not None and not family.rotary  # (LookHere's dense bias; PaPE's columns are less)
     jobs = [
         (f"--eval-sizes {s}", s, frames * (s // patch) ** 2) for s in (*settings.eval_sizes, *settings.finetune_sizes)
     ]
     jobs += [(f"--eval-seq-lens {n}", 0, n) for n in settings.eval_seq_lens]
     for what, pixels, tokens in jobs:
-        need = eval_bytes(batch, 3 * frames * tubelet, pixels, tokens, width, heads, scores)
+        need = eval_bytes(batch, 3 * frames * tubelet, pixels, tokens, width, heads, bias)
         if need > bound:
             raise SystemExit(
                 f"error: {what}: evaluating {spec} there needs about {need / GIB:,.1f} GiB ({tokens:,} tokens an "
