@@ -15,6 +15,8 @@ import numpy as np
 from PIL import Image
 from torch.utils.data import Dataset
 
+from .images import outside_unit_range
+
 # the type code (third byte of the magic number) → numpy's name of the big-endian element type
 IDX_TYPES = {0x08: "u1", 0x09: "i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 
@@ -79,9 +81,8 @@ def eight_bit(images: np.ndarray, path: str) -> np.ndarray:
                 "read as 8-bit values 0..255; write them as uint8 (or as floats in [0, 1])"
             )
         return images.astype(np.uint8)
-    finite = bool(np.isfinite(images).all())
-    if not finite or images.size and (images.min() < 0 or images.max() > 1):
-        values = "values that are not finite" if not finite else f"values from {images.min():g} to {images.max():g}"
+    values = outside_unit_range(images)
+    if values:
         raise ValueError(
             f"{path!r} holds {images.dtype} pixels with {values}: float IDX images are read as values in [0, 1]; "
             "write them scaled to [0, 1] (or as uint8)"

@@ -58,6 +58,14 @@ def is_image_name(name: str) -> bool:
     return not hidden(name) and name.lower().endswith(IMAGE_EXTENSIONS)
 
 
+def outside_unit_range(a: np.ndarray) -> str:
+    """What keeps a float array from being values in [0, 1] ('' if nothing): values that are not finite, or the range
+    they span."""
+    if not bool(np.isfinite(a).all()):
+        return "values that are not finite"
+    return f"values from {a.min():g} to {a.max():g}" if a.size and (a.min() < 0 or a.max() > 1) else ""
+
+
 def to_8bit(img: Image.Image, path: object = None) -> Image.Image:
     """``img`` as an image of 8-bit channels: as it is unless its mode is wider than 8 bits; then grayscale ("L")
     scaled by the range of its type, rounded:
@@ -75,9 +83,8 @@ def to_8bit(img: Image.Image, path: object = None) -> Image.Image:
     a = np.asarray(img)
     where = f"image {str(path)!r}" if path is not None else "an image"
     if img.mode == "F":
-        finite = bool(np.isfinite(a).all())
-        if not finite or a.size and (a.min() < 0 or a.max() > 1):
-            values = "values that are not finite" if not finite else f"values from {a.min():g} to {a.max():g}"
+        values = outside_unit_range(a)
+        if values:
             raise ValueError(
                 f"{where} is a float image with {values}: float images are read as values in [0, 1]; save it scaled "
                 "to [0, 1], or as an 8- or 16-bit image"
