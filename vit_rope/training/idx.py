@@ -21,9 +21,8 @@ from .images import outside_unit_range
 IDX_TYPES = {0x08: "u1", 0x09: "i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 
 
-MAX_BYTES = 2 << 30  # 2 GiB: the most data an IDX file may promise (the largest MNIST-style set, EMNIST ByClass,
-# holds 0.55 GB of training images); the array is held in memory, so a header promising more is refused before any
-# of it is inflated (a 2.9 MB .gz can inflate to 3 GB)
+MAX_BYTES = 2 << 30  # the most data an IDX file may promise: the array is held in memory, so a header promising
+# more is refused before any of it is inflated (why 2 GiB, and what a refusal costs: docs/speed.md)
 
 
 def read_idx(path: str) -> np.ndarray:
