@@ -4,6 +4,11 @@
 #     bash bench/gpu_check.sh                          # a GPU machine (one H100): torch and timm installed
 #     DEVICE=cpu bash bench/gpu_check.sh               # the dry run: every step at tiny sizes on the CPU
 #     OUT=/some/folder PYTHON=.venv/bin/python bash bench/gpu_check.sh
+#     bash bench/gpu_check.sh benchmark                # the trained benchmark at ViT-Ti instead (under 7 minutes)
+#
+# `benchmark` runs configs/protocol_fashion_gpu.yaml (docs/results.md's protocol, ViT-Ti) on the Fashion-MNIST IDX
+# files in data/fashion-mnist (git-ignored: copy them there and carry the folder to the GPU machine). The speed check
+# and the benchmark each fit one session's device time, not both: run the speed check where its figures are missing.
 #
 # It installs nothing: a step whose packages are missing (pytest for the tests; pyyaml, safetensors, tqdm and
 # matplotlib for train.py) says so and is skipped. Every step has a time budget (`timeout`), and the whole run one
@@ -16,6 +21,8 @@ set -u
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 DEVICE=${DEVICE:-cuda}
+MODE=${1:-speed}
+case "$MODE" in speed | benchmark) ;; *) echo "usage: bash bench/gpu_check.sh [speed|benchmark]" >&2; exit 2 ;; esac
 OUT=${OUT:-/tmp/gpu_check}
 PYTHON=${PYTHON:-$(command -v python || command -v python3)}
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"  # the package from this checkout, installed or not
@@ -65,6 +72,15 @@ skip() {
     SUMMARY+=("$(printf '%-18s skipped: %s' "$1" "$2")")
 }
 
+# summary: every step's verdict and time, shown and kept in $OUT/summary.txt.
+summary() {
+    {
+        echo
+        echo "=================== summary ($DEVICE, $((SECONDS - START))s of ${TOTAL}s; logs in $OUT)"
+        printf '%s\n' "${SUMMARY[@]}"
+    } | tee "$OUT/summary.txt"
+}
+
 # missing MODULE...: the modules of these that this Python cannot import (empty: all there).
 missing() {
     "$PYTHON" - "$@" <<'EOF'
@@ -89,6 +105,25 @@ except ImportError:
     print("triton missing: the PyTorch rotation path, no fused kernel")
 EOF
 command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv
+
+# ----------------------------------------------- g. the trained benchmark at ViT-Ti (`benchmark`), then nothing else
+if [ "$MODE" = benchmark ]; then
+    DATA=${DATA:-data/fashion-mnist}
+    if [ ! -f "$DATA/train-images-idx3-ubyte.gz" ]; then
+        skip g_benchmark "no Fashion-MNIST IDX files in $DATA (cp -r /usr/share/datasets/fashion-mnist data/)"
+    elif [ -n "$(missing yaml safetensors tqdm matplotlib)" ]; then
+        skip g_benchmark "train.py needs $(missing yaml safetensors tqdm matplotlib) (this script installs nothing)"
+    else
+        SMALL=()  # the dry run: 256 images, one epoch of a one-block model
+        [ "$DRY" = 1 ] && SMALL=(--train-subset 256 --val-subset 64 --epochs 1 --batch-size 32 --workers 0
+                                 --model-kwargs patch_size=2 depth=1 embed_dim=32 num_heads=2 --finetune-steps 2)
+        step g_benchmark 360 "$PYTHON" train.py --config configs/protocol_fashion_gpu.yaml --data-dir "$DATA" \
+            --device "$DEVICE" "${SMALL[@]}" --output "$OUT/benchmark" --overwrite
+        [ -f "$OUT/benchmark/results.md" ] && cat "$OUT/benchmark/results.md"
+    fi
+    summary
+    exit 0
+fi
 
 # ---------------------------------------------------- a. RoPE against APE, DeiT-III and timm's RoPE ViT, eager
 BENCH=(--device "$DEVICE" --dtype "$DTYPE" --batch "$BATCH" --repeats "$REPEATS" "${DEPTH[@]}")
@@ -140,9 +175,4 @@ step a_rope_compiled 180 "$PYTHON" bench/throughput.py "${BENCH[@]}" --sizes "$S
 step c_naflex 150 "$PYTHON" bench/naflex.py --device "$DEVICE" --dtype "$DTYPE" --batch "$BATCH" \
     --repeats "$REPEATS" "${DEPTH[@]}" --kinds rope --compile
 
-# ------------------------------------------------------------------------------------------------------ summary
-{
-    echo
-    echo "=================== summary ($DEVICE, $((SECONDS - START))s of ${TOTAL}s; logs in $OUT)"
-    printf '%s\n' "${SUMMARY[@]}"
-} | tee "$OUT/summary.txt"
+summary

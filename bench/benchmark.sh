@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The trained resolution benchmark of docs/results.md, every step in order of what it tells, each resumable:
+#
+#     bash bench/benchmark.sh              # start, or continue after a kill (each step resumes its run folder)
+#     THREADS=1 bash bench/benchmark.sh    # leave a core free (default: every core)
+#
+# Steps (each a train.py run folder under runs/; the headline models' first seeds first):
+#   1. protocol_fashion, seed 0: the six headline models once
+#   2. protocol_fashion_2x: APE and axial RoPE, seed 0, twice as long: the convergence check
+#   3. protocol_fashion_papers, seed 0: the papers' recipe once
+#   4. protocol_fashion, seeds 0-2, then protocol_fashion_papers, seeds 0-2
+#   5. protocol_fashion, seeds 0-4
+#   6. protocol_fashion_families, seeds 0-2
+# A finished step costs seconds when run again (its report is made anew, nothing trained).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export OMP_NUM_THREADS=${THREADS:-$(nproc)}
+PYTHON=${PYTHON:-.venv/bin/python}
+
+# run OUTPUT ARGS...: train.py into OUTPUT, resuming the run there if there is one.
+run() {
+    local out=$1
+    shift
+    local resume=()
+    [ -f "$out/config.yaml" ] && resume=(--resume)
+    echo "=== $(date -u +%H:%M:%S) train.py $* --output $out ${resume[*]}"
+    "$PYTHON" train.py "$@" --output "$out" "${resume[@]}"
+}
+
+run runs/protocol_fashion --config configs/protocol_fashion.yaml --seeds 0
+run runs/protocol_fashion_2x --config configs/protocol_fashion.yaml --models vit_ape_tiny vit_rope_tiny --seeds 0 \
+    --epochs 16 --eval-sizes 14 --finetune-sizes
+run runs/protocol_fashion_papers --config configs/protocol_fashion_papers.yaml --seeds 0
+run runs/protocol_fashion --config configs/protocol_fashion.yaml --seeds 0 1 2
+run runs/protocol_fashion_papers --config configs/protocol_fashion_papers.yaml
+run runs/protocol_fashion --config configs/protocol_fashion.yaml
+run runs/protocol_fashion_families --config configs/protocol_fashion_families.yaml
+echo "=== $(date -u +%H:%M:%S) done"

@@ -1,0 +1,61 @@
+"""Two run folders of one protocol compared seed by seed: the same models under another recipe or schedule.
+
+    uv run python bench/paired.py runs/protocol_fashion runs/protocol_fashion_papers   # the papers' recipe - plain
+    uv run python bench/paired.py runs/protocol_fashion runs/protocol_fashion_2x       # the convergence check
+
+For every model, protocol, scaling mode and eval size that both folders' results.csv hold, a markdown row: the mean
+top-1 of A and of B over the seeds both have, and B - A paired by seed (the same seed: the same initial draw and data
+order) with its 95 % t-interval, marked as results.md marks them (▲ B better in every seed, ▼ worse in every seed).
+"""
+
+import argparse
+import csv
+import statistics
+from pathlib import Path
+
+from vit_rope.training.report import diff_text, paired_differences
+
+
+def read_rows(folder: Path, side: str) -> list[dict]:
+    """``folder``'s results.csv, each row relabelled so that report.paired_differences pairs B's with A's: the side
+    ("A" or "B") as the model, the model (and its recipe) as the recipe."""
+    with open(folder / "results.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        raise SystemExit(f"error: {folder / 'results.csv'} holds no rows")
+    return [r | {"model": side, "recipe": r["model"] + (f"@{r['recipe']}" if r["recipe"] else "")} for r in rows]
+
+
+def compare(a: Path, b: Path) -> str:
+    """The markdown table of B - A (see the module's docstring)."""
+    rows = read_rows(a, "A") + read_rows(b, "B")
+    paired = paired_differences(rows, "A")
+    means = {}
+    for r in rows:
+        key = (r["model"], r["protocol"], r["recipe"], r["rope_scaling"], int(r["eval_size"]))
+        means.setdefault(key, {})[int(r["seed"])] = float(r["top1"])
+    lines = [f"B = {b}, A = {a}", "", "| model | protocol | RoPE scaling | size | seeds | A | B | B - A |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    order = sorted(paired, key=lambda k: (k[2], k[0], k[3], k[5]))  # model (as recipe), protocol, mode, size
+    for protocol, _, model, mode, a_mode, size in order:
+        d = paired[protocol, "B", model, mode, a_mode, size]
+        if mode != a_mode:
+            continue
+        seeds = set(means["B", protocol, model, mode, size]) & set(means["A", protocol, model, a_mode, size])
+        a_mean = statistics.fmean(means["A", protocol, model, a_mode, size][s] for s in seeds)
+        b_mean = statistics.fmean(means["B", protocol, model, mode, size][s] for s in seeds)
+        lines.append(f"| {model} | {protocol} | {mode} | {size} | {d['n']} | {a_mean:.1f} | {b_mean:.1f} | "
+                     f"{diff_text(d)} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("a", type=Path, help="run folder A (its results.csv)")
+    parser.add_argument("b", type=Path, help="run folder B, compared with A")
+    args = parser.parse_args()
+    print(compare(args.a, args.b))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""bench/paired.py: two run folders compared seed by seed (the convergence check and the recipe comparison of
+docs/results.md)."""
+
+import csv
+import importlib.util
+import statistics
+from pathlib import Path
+
+import pytest
+
+spec = importlib.util.spec_from_file_location("paired", Path(__file__).resolve().parents[1] / "bench" / "paired.py")
+paired = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(paired)
+
+FIELDS = ["model", "recipe", "seed", "train_size", "eval_size", "protocol", "rope_scaling", "top1", "top5", "loss",
+          "params"]  # fmt: skip
+
+
+def write(folder: Path, top1: dict[tuple, float]) -> Path:
+    folder.mkdir()
+    with open(folder / "results.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, FIELDS)
+        w.writeheader()
+        for (model, seed, size, mode), v in top1.items():
+            w.writerow(dict(model=model, recipe="", seed=seed, train_size=14, eval_size=size, protocol="resize",
+                            rope_scaling=mode, top1=v, top5=99, loss=0.5, params=1))  # fmt: skip
+    return folder
+
+
+def test_each_model_is_paired_with_itself_seed_by_seed(tmp_path):
+    a = {("vit_rope_tiny", s, 28, "none"): 50.0 + s for s in range(3)} | {("vit_ape_tiny", s, 28, "-"): 40.0 for s in
+                                                                           range(3)}  # fmt: skip
+    b = {("vit_rope_tiny", s, 28, "none"): 52.0 + 2 * s for s in range(3)} | {("vit_ape_tiny", s, 28, "-"): 39.0 + s
+                                                                               for s in range(2)}  # fmt: skip
+    table = paired.compare(write(tmp_path / "a", a), write(tmp_path / "b", b))
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in table.splitlines() if "_tiny" in line}
+    diffs = [2.0 + s for s in range(3)]  # B - A of the rotary model, seed by seed
+    assert rows["vit_rope_tiny"][4:7] == ["3", "51.0", "54.0"]
+    cell = rows["vit_rope_tiny"][7]
+    assert cell.startswith(f"{statistics.fmean(diffs):+.1f} (") and cell.endswith("▲ |")
+    assert rows["vit_ape_tiny"][4:7] == ["2", "40.0", "39.5"]  # only the seeds both folders hold
+    assert "▲" not in rows["vit_ape_tiny"][7] and "▼" not in rows["vit_ape_tiny"][7]  # one worse, one equal
+
+
+def test_a_folder_without_results_is_one_error(tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "results.csv").write_text(",".join(FIELDS) + "\n")
+    with pytest.raises(SystemExit, match="holds no rows"):
+        paired.compare(tmp_path / "empty", tmp_path / "empty")
