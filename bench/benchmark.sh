@@ -29,7 +29,7 @@ run() {
 
 run runs/protocol_fashion --config configs/protocol_fashion.yaml --seeds 0
 run runs/protocol_fashion_2x --config configs/protocol_fashion.yaml --models vit_ape_tiny vit_rope_tiny --seeds 0 \
-    --epochs 16 --eval-sizes 14 --finetune-sizes
+    --epochs 20 --eval-sizes 14 --finetune-sizes
 run runs/protocol_fashion_papers --config configs/protocol_fashion_papers.yaml --seeds 0
 run runs/protocol_fashion --config configs/protocol_fashion.yaml --seeds 0 1 2
 run runs/protocol_fashion_papers --config configs/protocol_fashion_papers.yaml

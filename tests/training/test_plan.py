@@ -276,3 +276,34 @@ def test_the_protocol_configs_say_what_they_claim():
     naver = config("rope_vit_eval")
     assert naver.eval_only and naver.pretrained and naver.eval_sizes == (144, 192, 224, 256, 320, 384, 512)
     assert naver.rope_scaling == ("none",) and {"vit_rope_small", "vit_rope_mixed_small"} <= set(naver.models)
+
+
+def test_the_trained_benchmarks_configs_share_one_protocol():
+    """Issue 43's configs: all 60,000 Fashion-MNIST images and 2,000 test images; the papers' recipe, the other
+    families and the GPU's ViT-Ti differ from protocol_fashion.yaml only in what their comments say (the recipe; the
+    models, with both baselines to pair them with; the trunk, batch and seeds), and bench/benchmark.sh runs them all."""
+    from vit_rope import FAMILIES
+
+    plain = config("protocol_fashion")
+    assert (plain.train_subset, plain.val_subset, plain.aug, plain.train_sizes) == (0, 2000, False, ())
+    protocol = ("dataset", "img_size", "eval_sizes", "rope_scaling", "finetune_sizes", "finetune_steps", "train_subset",
+                "val_subset", "weight_decay", "label_smoothing", "warmup_epochs")  # fmt: skip
+    papers, families, gpu = (
+        config("protocol_fashion_papers"),
+        config("protocol_fashion_families"),
+        config("protocol_fashion_gpu"),
+    )
+    for other in (papers, families, gpu):
+        assert [getattr(other, k) for k in protocol] == [getattr(plain, k) for k in protocol]
+    recipe = ("epochs", "batch_size", "lr", "model_kwargs", "seeds")
+    assert [getattr(papers, k) for k in recipe] == [getattr(plain, k) for k in recipe[:4]] + [(0, 1, 2)]
+    assert papers.aug and papers.scale[0] > 0.08 and papers.hflip > 0 and len(papers.train_sizes) > 1
+    assert set(papers.models) <= set(plain.models)
+    assert {"vit_ape_tiny", "vit_rope_tiny"} <= set(families.models) and len(families.seeds) == 3
+    ours = [f for f in FAMILIES.values() if f.model_name and f.min_axes <= 2 and f.__module__.startswith("vit_rope.")]
+    assert {f"vit_{f.model_name}_tiny" for f in ours} <= set(plain.models) | set(families.models)  # every family
+    assert gpu.model_kwargs == {"patch_size": 2} and gpu.models == plain.models and gpu.amp
+    assert not Path(gpu.data_dir).is_absolute()  # inside the working tree, which travels to the GPU machine
+    script = (CONFIG_DIR.parent / "bench" / "benchmark.sh").read_text()
+    assert all(f"configs/{name}.yaml" in script for name in ("protocol_fashion", "protocol_fashion_papers",
+                                                              "protocol_fashion_families"))  # fmt: skip
