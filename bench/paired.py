@@ -19,6 +19,8 @@ from vit_rope.training.report import diff_text, paired_differences
 def read_rows(folder: Path, side: str) -> list[dict]:
     """``folder``'s results.csv, each row relabelled so that report.paired_differences pairs B's with A's: the side
     ("A" or "B") as the model, the model (and its recipe) as the recipe."""
+    if not (folder / "results.csv").is_file():
+        raise SystemExit(f"error: {folder} holds no results.csv: give a train.py run folder (--output) that finished")
     with open(folder / "results.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     if not rows:

@@ -47,3 +47,8 @@ def test_a_folder_without_results_is_one_error(tmp_path):
     (tmp_path / "empty" / "results.csv").write_text(",".join(FIELDS) + "\n")
     with pytest.raises(SystemExit, match="holds no rows"):
         paired.compare(tmp_path / "empty", tmp_path / "empty")
+
+
+def test_a_folder_that_is_no_run_is_one_error(tmp_path):
+    with pytest.raises(SystemExit, match="holds no results.csv"):
+        paired.compare(tmp_path, tmp_path)
