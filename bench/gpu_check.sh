@@ -4,7 +4,7 @@
 #     bash bench/gpu_check.sh                          # a GPU machine (one H100): torch and timm installed
 #     DEVICE=cpu bash bench/gpu_check.sh               # the dry run: every step at tiny sizes on the CPU
 #     OUT=/some/folder PYTHON=.venv/bin/python bash bench/gpu_check.sh
-#     bash bench/gpu_check.sh benchmark                # the trained benchmark at ViT-Ti instead (under 7 minutes)
+#     bash bench/gpu_check.sh benchmark                # the trained benchmark at ViT-Ti instead (budget 6 min)
 #
 # `benchmark` runs configs/protocol_fashion_gpu.yaml (docs/results.md's protocol, ViT-Ti) on the Fashion-MNIST IDX
 # files in data/fashion-mnist (git-ignored: copy them there and carry the folder to the GPU machine). The speed check

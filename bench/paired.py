@@ -40,9 +40,9 @@ def compare(a: Path, b: Path) -> str:
              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     order = sorted(paired, key=lambda k: (k[2], k[0], k[3], k[5]))  # model (as recipe), protocol, mode, size
     for protocol, _, model, mode, a_mode, size in order:
-        d = paired[protocol, "B", model, mode, a_mode, size]
         if mode != a_mode:
             continue
+        d = paired[protocol, "B", model, mode, a_mode, size]
         seeds = set(means["B", protocol, model, mode, size]) & set(means["A", protocol, model, a_mode, size])
         a_mean = statistics.fmean(means["A", protocol, model, a_mode, size][s] for s in seeds)
         b_mean = statistics.fmean(means["B", protocol, model, mode, size][s] for s in seeds)
