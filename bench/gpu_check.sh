@@ -10,8 +10,14 @@
 # files in data/fashion-mnist (git-ignored: copy them there and carry the folder to the GPU machine). The speed check
 # and the benchmark each fit one session's device time, not both: run the speed check where its figures are missing.
 #
-# It installs nothing: a step whose packages are missing (pytest for the tests; pyyaml, safetensors, tqdm and
-# matplotlib for train.py) says so and is skipped. Every step has a time budget (`timeout`), and the whole run one
+# It installs nothing but the wheels carried in .whl (git-ignored; e.g. timm>=1.0.31, which train.py needs and the
+# H100 image of 2026-11 lacks, with 1.0.29), into a private folder put first on PYTHONPATH:
+#
+#     echo /.whl/ >> .git/info/exclude; python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#         --platform manylinux2014_x86_64 -d .whl timm==1.0.31          # here; then carry .whl (and data/fashion-mnist)
+#
+# A step whose packages are missing (pytest for the tests; pyyaml, safetensors, tqdm, matplotlib and a timm whose
+# config writer records the preprocessing for train.py) says so and is skipped. Every step has a time budget (`timeout`), and the whole run one
 # (TOTAL_BUDGET seconds, 465 on a GPU): a step that hangs costs its budget, not the run, and a step that would start
 # past the total is skipped with a note. The steps run cheapest and most telling first, the compiled benchmarks
 # (the slowest to start) last. Each step's output is shown and kept in $OUT/<step>.log; train.py's run is
@@ -26,6 +32,11 @@ case "$MODE" in speed | benchmark) ;; *) echo "usage: bash bench/gpu_check.sh [s
 OUT=${OUT:-/tmp/gpu_check}
 PYTHON=${PYTHON:-$(command -v python || command -v python3)}
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"  # the package from this checkout, installed or not
+if compgen -G ".whl/*.whl" > /dev/null; then  # carried wheels, installed where nothing else looks
+    SITE=${SITE:-/tmp/gpu_check_site}
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \
+        && export PYTHONPATH="$ROOT:$SITE${PYTHONPATH#"$ROOT"}" && echo "installed into $SITE:" .whl/*.whl
+fi
 export PYTHONDONTWRITEBYTECODE=1                      # (nothing written into the checkout)
 mkdir -p "$OUT"
 
@@ -89,6 +100,14 @@ print(" ".join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))
 EOF
 }
 
+# train_missing: what train.py lacks here (empty: nothing), its packages first, then timm's config writer.
+train_missing() {
+    local need
+    need=$(missing yaml safetensors tqdm matplotlib)
+    [ -n "$need" ] && echo "$need missing" && return
+    "$PYTHON" -c "from vit_rope.training.weights import check_timm_writer; check_timm_writer()" 2>&1 | sed 's/^error: //'
+}
+
 # ------------------------------------------------------------------------------------------------------- setup
 step env 30 "$PYTHON" - <<EOF
 import platform, torch, timm
@@ -111,8 +130,8 @@ if [ "$MODE" = benchmark ]; then
     DATA=${DATA:-data/fashion-mnist}
     if [ ! -f "$DATA/train-images-idx3-ubyte.gz" ]; then
         skip g_benchmark "no Fashion-MNIST IDX files in $DATA (cp -r /usr/share/datasets/fashion-mnist data/)"
-    elif [ -n "$(missing yaml safetensors tqdm matplotlib)" ]; then
-        skip g_benchmark "train.py needs $(missing yaml safetensors tqdm matplotlib) (this script installs nothing)"
+    elif [ -n "$(train_missing)" ]; then
+        skip g_benchmark "train.py: $(train_missing)"
     else
         SMALL=()  # the dry run: 256 images, one epoch of a one-block model
         [ "$DRY" = 1 ] && SMALL=(--train-subset 256 --val-subset 64 --epochs 1 --batch-size 32 --workers 0
@@ -150,9 +169,9 @@ else
 fi
 
 # ------------------------------------- e. train.py: a few hundred compiled, autocast train steps on synthetic data
-NEED=$(missing yaml safetensors tqdm matplotlib)
+NEED=$(train_missing)
 if [ -n "$NEED" ]; then
-    skip e_train "train.py needs $NEED (missing; this script installs nothing)"
+    skip e_train "train.py: $NEED"
 else
     if [ "$DRY" = 1 ]; then  # 4 steps of a one-block model
         TRAIN=(--models vit_rope_tiny --model-kwargs patch_size=8 depth=1 embed_dim=32 num_heads=2 --img-size 16

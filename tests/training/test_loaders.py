@@ -50,3 +50,35 @@ def test_a_seeded_item_leaves_every_generator_of_the_process_as_it_was(monkeypat
     first = ds[2]
     assert (torch.rand(1).item(), random.random(), float(np.random.rand())) == before
     assert ds[2] == first and ds[3] != first and reseeded == []
+
+
+def test_a_training_set_without_augmentation_is_transformed_once_into_the_same_batches(tmp_path, monkeypatch):
+    """--no-aug on an in-memory dataset: the training images are transformed once (data.Materialized) and an epoch
+    indexes them, with no per-sample seeding; its batches are the per-sample path's, bit for bit, in every epoch.
+    With --aug, or where the images would not fit MATERIALIZE_BYTES, each sample is transformed as it is drawn."""
+    import numpy as np
+    import torch
+
+    from tests.training.test_idx import fashion_args, write_idx
+    from vit_rope.training import data as D
+    from vit_rope.training.loaders import make_loader
+
+    g = np.random.default_rng(3)
+    for split, n in (("train", 10), ("t10k", 4)):
+        write_idx(tmp_path / f"{split}-images-idx3-ubyte.gz", g.integers(0, 256, (n, 28, 28), dtype=np.uint8))
+        write_idx(tmp_path / f"{split}-labels-idx1-ubyte.gz", g.integers(0, 10, n, dtype=np.uint8))
+    args = [*fashion_args(tmp_path), "--img-size", "14", "--batch-size", "4"]
+    cfg, _ = train.parse_config([*args, "--no-aug"])
+    dc = dict(mean=(0.3, 0.4, 0.5), std=(0.2, 0.3, 0.4))
+    once = D.build_data(cfg, dc).train
+    assert isinstance(once, D.Materialized) and once.images.shape == (10, 3, 14, 14)
+    monkeypatch.setattr(D, "MATERIALIZE_BYTES", 10 * 3 * 14 * 14 * 4 - 1)  # one byte short
+    each = D.build_data(cfg, dc).train
+    assert not isinstance(each, D.Materialized)
+    for epoch in (0, 1):
+        batches = zip(make_loader(once, cfg, True, epoch), make_loader(each, cfg, True, epoch), strict=True)
+        for (x, y), (x_each, y_each) in batches:
+            assert torch.equal(x, x_each) and torch.equal(y, y_each)
+    monkeypatch.undo()
+    augmented, _ = train.parse_config([*args, "--aug"])
+    assert not isinstance(D.build_data(augmented, dc).train, D.Materialized)

@@ -37,6 +37,7 @@ from .images import IMAGE_EXTENSIONS, DataError, Walk, check_image, load_rgb, sa
 IMAGE_DATASETS = ("synthetic", "cifar10", "cifar100", "mnist", "fashion_mnist", "elpv", "imagefolder")
 VIDEO_DATASETS = ("synthetic_video", "clipfolder")
 DATASETS = IMAGE_DATASETS + VIDEO_DATASETS
+IN_MEMORY = ("cifar10", "cifar100", "mnist", "fashion_mnist", "elpv")  # read whole into memory: small enough to keep
 DIRECTIONS = ("E", "NE", "N", "NW", "W", "SW", "S", "SE")
 
 
@@ -349,6 +350,32 @@ class Transformed(Dataset):
         return (img if self.transform is None else self.transform(img)), label
 
 
+class Materialized(Dataset):
+    """Every item of a dataset whose transform draws nothing at random, computed once and kept as one tensor: an
+    epoch then indexes it instead of decoding, resizing and normalising each image again (and needs no per-sample
+    seeding). The items are the ones the dataset gives, bit for bit; labels stay ints."""
+
+    def __init__(self, ds: Dataset, what: str = "images") -> None:
+        items = [ds[i] for i in tqdm(range(len(ds)), desc=f"{what}, transformed once", leave=False, mininterval=5)]
+        self.images = torch.stack([x for x, _ in items])  # (N, C, H, W)
+        self.labels = [int(y) for _, y in items]
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int):
+        return self.images[index], self.labels[index]
+
+
+MATERIALIZE_BYTES = 2 << 30  # in memory at most: MNIST-sized sets fit hundreds of times over, ImageNet does not
+
+
+def materialized(ds: Dataset, img_size: int, what: str) -> Dataset:
+    """``ds`` as a :class:`Materialized` set where its images (three channels of float32 at ``img_size``) fit
+    ``MATERIALIZE_BYTES``; else ``ds`` itself."""
+    return Materialized(ds, what) if len(ds) * 3 * img_size**2 * 4 <= MATERIALIZE_BYTES else ds
+
+
 def fixed_subset(ds: Dataset, n: int) -> Dataset:
     """The same ``n`` samples of ``ds`` for every run and seed (drawn by a fixed seed, kept in their order); all of
     it for n = 0 or n at least its length."""
@@ -451,10 +478,21 @@ def build_data(settings, dc: dict) -> Data:
     if train is not None:
         train = fixed_subset(train, settings.train_subset)
         train = Transformed(train, None) if settings.naflex else train  # PIL images, RGB, for timm's NaFlex loader
+        if settings.dataset in IN_MEMORY and not settings.aug and not settings.naflex:  # the same images every epoch
+            train = materialized(train, settings.img_size, f"{settings.dataset}'s training images")
+
+    last: dict[tuple[int, str], Dataset] = {}  # the last size's set: a model is evaluated under each mode in turn
 
     def eval_at(size: int, protocol: str) -> Dataset:
+        if (size, protocol) in last:
+            return last[size, protocol]
         subset = fixed_subset(eval_set(size, protocol), settings.val_subset)
-        return Transformed(subset, None) if protocol == "naflex" else subset  # the loader sets its transform
+        if protocol == "naflex":
+            return Transformed(subset, None)  # the loader sets its transform
+        if settings.dataset in IN_MEMORY and protocol == "resize":
+            last.clear()
+            last[size, protocol] = subset = materialized(subset, size, f"{settings.dataset}'s test images at {size}")
+        return subset
 
     at = None if train_at is None else lambda size: fixed_subset(train_at(size), settings.train_subset)
     return Data(train, eval_at, num_classes, at)

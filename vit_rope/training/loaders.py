@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
-from .data import Data
+from .data import Data, Materialized
 from .distributed import rank_world, resolve_device
 from .models import data_config
 from .naflex import naflex_loader
@@ -23,7 +23,7 @@ def make_loader(ds: Dataset, settings: Settings, train: bool, epoch: int) -> Dat
     rank, world = rank_world()
     n = len(ds)
     if train:  # each sample's augmentation drawn from (seed, epoch, index): the same batches for any --workers
-        ds = SeededItems(ds, settings.seed * 100_003 + epoch)
+        ds = ds if isinstance(ds, Materialized) else SeededItems(ds, settings.seed * 100_003 + epoch)  # (none drawn)
         g = torch.Generator().manual_seed(settings.seed * 100_003 + epoch)
         order = torch.randperm(n, generator=g).tolist()
         order = order[: n - n % world] if world > 1 else order
@@ -35,7 +35,7 @@ def make_loader(ds: Dataset, settings: Settings, train: bool, epoch: int) -> Dat
         torch.utils.data.Subset(ds, indices),
         batch_size=bs,
         shuffle=False,
-        num_workers=settings.workers,
+        num_workers=0 if isinstance(ds, Materialized) else settings.workers,  # (workers would only copy tensors)
         drop_last=train and len(indices) >= bs,
         pin_memory=pin_memory(settings),
     )
