@@ -5,7 +5,7 @@
     uv run python bench/throughput.py --processes 3        # the whole run three times, each figure summarised
     uv run python bench/throughput.py --sections families --families comrope_ld liere lookhere --batch 16
     uv run python bench/throughput.py --device cuda --dtype bfloat16 --batch 128 --compile   # a GPU, compiled
-    uv run python bench/throughput.py --device cuda --dtype bfloat16 --batch 128 --profile   # kernels of a train step
+    uv run python bench/throughput.py --device cuda --dtype bfloat16 --batch 128 --profile   # kernels of forwards, train steps
 
 Models are timed interleaved (one call of each per round, a different one first each round, after warm-up); a
 figure is the median over rounds of the ratio within a round, with its interquartile range, so the spread a shared
@@ -274,24 +274,25 @@ def video_against_image(setup: Setup, batch: int, repeats: int) -> None:
     print(f"3D video / 2D image (784 tokens) forward throughput {speed_ratio(fwd, 'video', 'image', 'video/image')}")
 
 
-def profile_train_steps(setup: Setup, batch: int, size: int, steps: int = 3) -> None:
-    """The kernels that take the most time in a few train steps of our RoPE and our APE model."""
+def profile_calls(setup: Setup, batch: int, size: int, steps: int = 3) -> None:
+    """The kernels that take the most time in a few inference forwards and train steps of our RoPE and APE models."""
     from torch.profiler import ProfilerActivity, profile
 
     x = torch.randn(batch, 3, size, size, device=setup.device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if setup.device.type == "cuda" else [])
     sort = "self_cuda_time_total" if setup.device.type == "cuda" else "self_cpu_time_total"
     for name in ("vit_rope_small", "vit_ape_small"):
-        step = setup.train_fn(setup.model(name, img_size=size), x)
-        for _ in range(2):
-            step()
-        synchronize()
-        with profile(activities=activities) as prof:
-            for _ in range(steps):
-                step()
+        model = setup.model(name, img_size=size)
+        for what, call in (("inference forwards", setup.forward_fn(model, x)), ("train steps", setup.train_fn(model, x))):
+            for _ in range(2):
+                call()
             synchronize()
-        print(f"\n{name}, {size}px, batch {batch}, {steps} train steps")
-        print(prof.key_averages().table(sort_by=sort, row_limit=20))
+            with profile(activities=activities) as prof:
+                for _ in range(steps):
+                    call()
+                synchronize()
+            print(f"\n{name}, {size}px, batch {batch}, {steps} {what}{', compiled' if setup.compile else ''}")
+            print(prof.key_averages().table(sort_by=sort, row_limit=15, max_name_column_width=90))
 
 
 def run_processes(n: int, argv: list[str]) -> None:
@@ -329,7 +330,7 @@ def arguments() -> argparse.ArgumentParser:
         help="the families and tables sections' families (default: every registered image family)",
     )
     p.add_argument("--processes", type=int, default=1, help="repeat the whole run in this many fresh processes")
-    p.add_argument("--profile", action="store_true", help="only profile a train step of ours RoPE and ours APE")
+    p.add_argument("--profile", action="store_true", help="only profile forwards and train steps of ours RoPE and APE")
     p.add_argument("--figures-json", help=argparse.SUPPRESS)  # where a child process leaves its figures
     return p
 
@@ -356,7 +357,7 @@ def main() -> None:
         "ratios are throughput, medians of the rounds' paired ratios [interquartile range]"
     )
     if args.profile:
-        return profile_train_steps(setup, args.batch, args.sizes[0])
+        return profile_calls(setup, args.batch, args.sizes[0])
     if "rope" in args.sections:
         rope_against_ape(setup, args.sizes, args.batch, args.repeats)
     if "apply" in args.sections:
