@@ -152,6 +152,11 @@ fi
 BENCH=(--device "$DEVICE" --dtype "$DTYPE" --batch "$BATCH" --repeats "$REPEATS" "${DEPTH[@]}")
 step a_rope_eager 60 "$PYTHON" bench/throughput.py "${BENCH[@]}" --sizes "$SIZE" --sections rope
 
+# the same with the PyTorch rotation instead of the Triton kernel (2026-11-27: the RoPE models' gap to APE was 6.5 ms
+# eager and 6.7 ms compiled, so it is in what both run: this tells whether the kernel is it)
+step a_rope_eager_torch 60 env VIT_ROPE_FUSED=torch "$PYTHON" bench/throughput.py "${BENCH[@]}" --sizes "$SIZE" \
+    --sections rope
+
 # -------------------------------------------------------------------------- b. every family against axial, eager
 FAMILY_BATCH=$([ "$DRY" = 1 ] && echo "$BATCH" || echo 64)
 step b_families 75 "$PYTHON" bench/throughput.py "${BENCH[@]}" --batch "$FAMILY_BATCH" --sizes "$SIZE" \
