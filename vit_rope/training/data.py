@@ -356,9 +356,13 @@ class Materialized(Dataset):
     seeding). The items are the ones the dataset gives, bit for bit; labels stay ints."""
 
     def __init__(self, ds: Dataset, what: str = "images") -> None:
-        items = [ds[i] for i in tqdm(range(len(ds)), desc=f"{what}, transformed once", leave=False, mininterval=5)]
-        self.images = torch.stack([x for x, _ in items])  # (N, C, H, W)
-        self.labels = [int(y) for _, y in items]
+        self.images, self.labels = None, []
+        for i in tqdm(range(len(ds)), desc=f"{what}, transformed once", leave=False, mininterval=5):
+            x, y = ds[i]
+            if self.images is None:  # (N, C, H, W), filled in place: the set is held once, not twice
+                self.images = torch.empty(len(ds), *x.shape, dtype=x.dtype)
+            self.images[i] = x
+            self.labels.append(int(y))
 
     def __len__(self) -> int:
         return len(self.labels)
