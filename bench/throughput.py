@@ -5,7 +5,7 @@
     uv run python bench/throughput.py --processes 3        # the whole run three times, each figure summarised
     uv run python bench/throughput.py --sections families --families comrope_ld liere lookhere --batch 16
     uv run python bench/throughput.py --device cuda --dtype bfloat16 --batch 128 --compile   # a GPU, compiled
-    uv run python bench/throughput.py --device cuda --dtype bfloat16 --batch 128 --profile   # kernels of forwards, train steps
+    uv run python bench/throughput.py --device cuda --dtype bfloat16 --batch 128 --profile   # the kernels
 
 Models are timed interleaved (one call of each per round, a different one first each round, after warm-up); a
 figure is the median over rounds of the ratio within a round, with its interquartile range, so the spread a shared
@@ -283,7 +283,8 @@ def profile_calls(setup: Setup, batch: int, size: int, steps: int = 3) -> None:
     sort = "self_cuda_time_total" if setup.device.type == "cuda" else "self_cpu_time_total"
     for name in ("vit_rope_small", "vit_ape_small"):
         model = setup.model(name, img_size=size)
-        for what, call in (("inference forwards", setup.forward_fn(model, x)), ("train steps", setup.train_fn(model, x))):
+        calls = (("inference forwards", setup.forward_fn(model, x)), ("train steps", setup.train_fn(model, x)))
+        for what, call in calls:
             for _ in range(2):
                 call()
             synchronize()
