@@ -134,8 +134,8 @@ if [ "$MODE" = benchmark ]; then
     DATA=${DATA:-data/fashion-mnist}
     if [ ! -f "$DATA/train-images-idx3-ubyte.gz" ]; then
         skip g_benchmark "no Fashion-MNIST IDX files in $DATA (cp -r /usr/share/datasets/fashion-mnist data/)"
-    elif [ -n "$(train_missing)" ]; then
-        skip g_benchmark "train.py: $(train_missing)"
+    elif NEED=$(train_missing) && [ -n "$NEED" ]; then
+        skip g_benchmark "train.py: $NEED"
     else
         SMALL=()  # the dry run: 256 images, one epoch of a one-block model
         [ "$DRY" = 1 ] && SMALL=(--train-subset 256 --val-subset 64 --epochs 1 --batch-size 32 --workers 0

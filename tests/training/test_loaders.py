@@ -54,7 +54,8 @@ def test_a_seeded_item_leaves_every_generator_of_the_process_as_it_was(monkeypat
 
 def test_a_training_set_without_augmentation_is_transformed_once_into_the_same_batches(tmp_path, monkeypatch):
     """--no-aug on an in-memory dataset: the training images are transformed once (data.Materialized) and an epoch
-    indexes them, with no per-sample seeding; its batches are the per-sample path's, bit for bit, in every epoch.
+    indexes them, with no per-sample seeding; its batches are the per-sample path's, bit for bit, in every epoch, and
+    so are the test images, kept for the size being evaluated.
     With --aug, or where the images would not fit MATERIALIZE_BYTES, each sample is transformed as it is drawn."""
     import numpy as np
     import torch
@@ -70,15 +71,24 @@ def test_a_training_set_without_augmentation_is_transformed_once_into_the_same_b
     args = [*fashion_args(tmp_path), "--img-size", "14", "--batch-size", "4"]
     cfg, _ = train.parse_config([*args, "--no-aug"])
     dc = dict(mean=(0.3, 0.4, 0.5), std=(0.2, 0.3, 0.4))
-    once = D.build_data(cfg, dc).train
+    data_once = D.build_data(cfg, dc)
+    once = data_once.train
     assert isinstance(once, D.Materialized) and once.images.shape == (10, 3, 14, 14)
-    monkeypatch.setattr(D, "MATERIALIZE_BYTES", 10 * 3 * 14 * 14 * 4 - 1)  # one byte short
-    each = D.build_data(cfg, dc).train
+    assert data_once.eval_set(28, "resize") is data_once.eval_set(28, "resize")  # kept across scaling modes
+    tests_once = {size: data_once.eval_set(size, "resize") for size in (8, 14, 28)}
+    monkeypatch.setattr(D, "MATERIALIZE_BYTES", 10 * 3 * 14 * 14 * 4 - 1)  # one byte short of the training set
+    data_each = D.build_data(cfg, dc)
+    each = data_each.train
     assert not isinstance(each, D.Materialized)
     for epoch in (0, 1):
         batches = zip(make_loader(once, cfg, True, epoch), make_loader(each, cfg, True, epoch), strict=True)
         for (x, y), (x_each, y_each) in batches:
             assert torch.equal(x, x_each) and torch.equal(y, y_each)
+    for size in (8, 14, 28):  # the test images too (4 of them fit the limit at 8 and 14 px, not at 28)
+        test_once, test_each = tests_once[size], data_each.eval_set(size, "resize")
+        assert isinstance(test_once, D.Materialized) and isinstance(test_each, D.Materialized) == (size < 28)
+        for (x, y), (x_each, y_each) in zip(test_once, test_each, strict=True):
+            assert torch.equal(x, x_each) and y == y_each
     monkeypatch.undo()
     augmented, _ = train.parse_config([*args, "--aug"])
     assert not isinstance(D.build_data(augmented, dc).train, D.Materialized)

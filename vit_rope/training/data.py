@@ -18,7 +18,7 @@ evaluation) size and ``num_frames`` frames are sampled evenly.
 import math
 import os
 from collections.abc import Callable, Sequence
-from functools import partial
+from functools import lru_cache, partial
 from typing import NamedTuple
 
 import numpy as np
@@ -485,18 +485,16 @@ def build_data(settings, dc: dict) -> Data:
         if settings.dataset in IN_MEMORY and not settings.aug and not settings.naflex:  # the same images every epoch
             train = materialized(train, settings.img_size, f"{settings.dataset}'s training images")
 
-    last: dict[tuple[int, str], Dataset] = {}  # the last size's set: a model is evaluated under each mode in turn
+    @lru_cache(maxsize=1)  # the size being evaluated: a model is evaluated under each scaling mode in turn
+    def kept(size: int) -> Dataset:
+        subset = fixed_subset(eval_set(size, "resize"), settings.val_subset)
+        return materialized(subset, size, f"{settings.dataset}'s test images at {size}")
 
     def eval_at(size: int, protocol: str) -> Dataset:
-        if (size, protocol) in last:
-            return last[size, protocol]
-        subset = fixed_subset(eval_set(size, protocol), settings.val_subset)
-        if protocol == "naflex":
-            return Transformed(subset, None)  # the loader sets its transform
         if settings.dataset in IN_MEMORY and protocol == "resize":
-            last.clear()
-            last[size, protocol] = subset = materialized(subset, size, f"{settings.dataset}'s test images at {size}")
-        return subset
+            return kept(size)
+        subset = fixed_subset(eval_set(size, protocol), settings.val_subset)
+        return Transformed(subset, None) if protocol == "naflex" else subset  # the loader sets its transform
 
     at = None if train_at is None else lambda size: fixed_subset(train_at(size), settings.train_subset)
     return Data(train, eval_at, num_classes, at)
