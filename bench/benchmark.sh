@@ -8,8 +8,8 @@
 #   1. protocol_fashion, seed 0: the six headline models once
 #   2. protocol_fashion_2x: APE and axial RoPE, seed 0, twice as long: the convergence check
 #   3. protocol_fashion_papers, seed 0: the papers' recipe once
-#   4. protocol_fashion, seeds 0-2, then protocol_fashion_papers, seeds 0-2
-#   5. protocol_fashion, seeds 0-4
+#   4. protocol_fashion, seeds 0-2, then seeds 0-4 (the headline's five)
+#   5. protocol_fashion_papers, seeds 0-2
 #   6. protocol_fashion_families, seeds 0-2
 # A finished step costs seconds when run again (its report is made anew, nothing trained).
 set -euo pipefail
@@ -32,7 +32,7 @@ run runs/protocol_fashion_2x --config configs/protocol_fashion.yaml --models vit
     --epochs 20 --eval-sizes 14 --finetune-sizes
 run runs/protocol_fashion_papers --config configs/protocol_fashion_papers.yaml --seeds 0
 run runs/protocol_fashion --config configs/protocol_fashion.yaml --seeds 0 1 2
-run runs/protocol_fashion_papers --config configs/protocol_fashion_papers.yaml
 run runs/protocol_fashion --config configs/protocol_fashion.yaml
+run runs/protocol_fashion_papers --config configs/protocol_fashion_papers.yaml
 run runs/protocol_fashion_families --config configs/protocol_fashion_families.yaml
 echo "=== $(date -u +%H:%M:%S) done"
