@@ -130,3 +130,15 @@ def test_train_py_fuses_adamw_and_pins_batches_on_cuda(device):
         close(q, p, 1e-5, name)
     loader = train.make_loader(torch.utils.data.TensorDataset(torch.zeros(4, 1)), settings, True, 0)
     assert loader.pin_memory == (device.type == "cuda")
+
+
+def test_the_kernels_reach_samples_past_2_31_elements_on_the_device(device):
+    """tests/test_kernels.py's offsets past 2**31 elements, through the compiled kernels of the GPU (an illegal
+    memory access there if an offset wrapped in int32)."""
+    if device.type != "cuda":
+        pytest.skip("the kernels run on CUDA tensors; tests/test_kernels.py runs this check on the CPU's interpreter")
+    from tests.test_kernels import far_offsets
+
+    run = far_offsets("cuda")
+    assert run.returncode == 0, f"exit {run.returncode}: {run.stdout}{run.stderr[-2000:]}"
+    assert run.stdout.split() == ["turn_pairs", "ok", "turn_blocks", "ok", "pape_qkv", "ok"]

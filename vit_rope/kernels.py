@@ -95,6 +95,12 @@ def _launches_kernel(x: Tensor) -> bool:
 if triton is not None:
 
     @triton.jit
+    def _ids():
+        # the grid's three program ids as int64: offsets such as b · (batch stride) pass 2**31 in a tensor of 2**31
+        # elements or more (4 GiB of bf16: a large video batch), where int32 arithmetic would wrap to another address
+        return tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64), tl.program_id(2).to(tl.int64)
+
+    @triton.jit
     def _turn_pairs_kernel(
         x_ptr, cos_ptr, sin_ptr, out_ptr,
         B, N, P, turned,
@@ -103,8 +109,8 @@ if triton is not None:
         os_s, os_b, os_h, os_n, os_d,
         INTERLEAVED: tl.constexpr, INVERSE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr,
     ):  # fmt: skip
-        # one program: BLOCK_N tokens of one head of one sample of one of q, k, v (s)
-        pid_n, h, sb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        # one program: BLOCK_N tokens of one head of one sample of one of q, k, v (s); offsets in int64 (_ids)
+        pid_n, h, sb = _ids()
         s, b = sb // B, sb % B
         n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)[:, None]  # (BLOCK_N, 1)
         p = tl.arange(0, BLOCK_P)[None, :]  # (1, BLOCK_P): pair index
@@ -140,7 +146,7 @@ if triton is not None:
     ):  # fmt: skip
         # one program: BLOCK_N tokens of one head of one sample of one of q, k, v (s); channel j·b + i is entry i of
         # block j; y_ji = Σ_k R_jik x_jk (the strides of R swapped for Rᵀ); channels past the last block are copied
-        pid_n, h, sb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        pid_n, h, sb = _ids()
         s, b = sb // B, sb % B
         n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)[:, None, None]  # (BLOCK_N, 1, 1)
         j = tl.arange(0, BLOCK_J)[None, :, None]  # (1, BLOCK_J, 1): block
@@ -455,7 +461,7 @@ if triton is not None:
         BLOCK_M: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_W: tl.constexpr,
     ):  # fmt: skip
         # one program: BLOCK_N tokens of one head of one sample; q, k, v in, q', k', v' out (pape_columns' math)
-        pid_n, h, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        pid_n, h, b = _ids()
         n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)[:, None]  # (BLOCK_N, 1)
         d = tl.arange(0, BLOCK_D)[None, :]
         dd = tl.arange(0, BLOCK_D)[:, None]
@@ -466,7 +472,7 @@ if triton is not None:
         x = x_ptr + b * xs_b + h * xs_h + n * xs_n + d * xs_d
         q = tl.load(x, mask=dmask, other=0.0).to(tl.float32)
         k = tl.load(x + xs_s, mask=dmask, other=0.0).to(tl.float32)
-        v = tl.load(x + 2 * xs_s, mask=dmask, other=0.0).to(tl.float32)
+        v = tl.load(x + xs_s + xs_s, mask=dmask, other=0.0).to(tl.float32)
         curv = tl.load(curv_ptr + h * vs_h + dd * vs_d + m[None, :] * vs_m, mask=(dd < D) & (m[None, :] < M), other=0.0)
         a = tl.dot(q, curv.to(tl.float32), input_precision="ieee")  # (BLOCK_N, BLOCK_M)
         a = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(tl.minimum(a, 20.0))))  # softplus (torch's threshold 20)
@@ -483,13 +489,13 @@ if triton is not None:
         out = out_ptr + b * os_b + h * os_h + n * os_n
         tl.store(out + d, q, mask=dmask)
         tl.store(out + os_s + d, k, mask=dmask)
-        tl.store(out + 2 * os_s + d, v, mask=dmask)
+        tl.store(out + os_s + os_s + d, v, mask=dmask)
         _store_pape_columns(out + D + j, out + os_s + D + j, query, key, E, nmask & (j < E), HALF)
         w = tl.arange(0, BLOCK_W)[None, :]
         zeros = tl.zeros((BLOCK_N, BLOCK_W), dtype=tl.float32)
         tl.store(out + w, zeros, mask=nmask & (w >= USED) & (w < W))
         tl.store(out + os_s + w, zeros, mask=nmask & (w >= USED) & (w < W))
-        tl.store(out + 2 * os_s + w, zeros, mask=nmask & (w >= D) & (w < W))
+        tl.store(out + os_s + os_s + w, zeros, mask=nmask & (w >= D) & (w < W))
 
 
 @torch.library.triton_op("vit_rope::pape_qkv", mutates_args=())
