@@ -10,7 +10,8 @@
 #   3. protocol_fashion_papers, seed 0: the papers' recipe once
 #   4. protocol_fashion, seeds 0-2, then seeds 0-4 (the headline's five)
 #   5. protocol_fashion_papers, seeds 0-2
-#   6. protocol_fashion_families, seeds 0-2
+#   6. protocol_fashion_families, seeds 0-2; its baselines (APE and axial RoPE at seeds 0-2) are the headline's runs
+#      of step 4, the same settings, seeds and data: copied into its folder, not trained again (21 runs, not 27)
 # A finished step costs seconds when run again (its report is made anew, nothing trained).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +23,7 @@ run() {
     local out=$1
     shift
     local resume=()
-    [ -f "$out/config.yaml" ] && resume=(--resume)
+    [ -d "$out" ] && resume=(--resume)  # a folder without config.yaml yet: train.py starts the run
     echo "=== $(date -u +%H:%M:%S) train.py $* --output $out ${resume[*]}"
     "$PYTHON" train.py "$@" --output "$out" "${resume[@]}"
 }
@@ -34,5 +35,12 @@ run runs/protocol_fashion_papers --config configs/protocol_fashion_papers.yaml -
 run runs/protocol_fashion --config configs/protocol_fashion.yaml --seeds 0 1 2
 run runs/protocol_fashion --config configs/protocol_fashion.yaml
 run runs/protocol_fashion_papers --config configs/protocol_fashion_papers.yaml
+for tag in vit_ape_tiny@seed{0,1,2} vit_rope_tiny@seed{0,1,2}; do
+    # a finished headline run (its results.json) the families' folder lacks: a copy, not a link (train.py refuses links)
+    if [ -f "runs/protocol_fashion/$tag/results.json" ] && [ ! -e "runs/protocol_fashion_families/$tag" ]; then
+        mkdir -p runs/protocol_fashion_families
+        cp -r "runs/protocol_fashion/$tag" "runs/protocol_fashion_families/$tag"
+    fi
+done
 run runs/protocol_fashion_families --config configs/protocol_fashion_families.yaml
 echo "=== $(date -u +%H:%M:%S) done"
