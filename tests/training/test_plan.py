@@ -2,6 +2,7 @@
 coordinate augmentation) end to end and on --resume, a family against the family + APE, and timm's own models in the
 comparison."""
 
+import dataclasses
 import statistics
 from pathlib import Path
 
@@ -281,7 +282,8 @@ def test_the_protocol_configs_say_what_they_claim():
 def test_the_trained_benchmarks_configs_share_one_protocol():
     """Issue 43's configs: all 60,000 Fashion-MNIST images and 2,000 test images; the papers' recipe, the other
     families and the GPU's ViT-Ti differ from protocol_fashion.yaml only in what their comments say (the recipe; the
-    models, with both baselines to pair them with; the trunk, batch and seeds), and bench/benchmark.sh runs them all."""
+    models, with both baselines to pair them with, and nothing else, so that their runs are the headline's; the trunk,
+    batch and seeds), and bench/benchmark.sh runs them all."""
     from vit_rope import FAMILIES
 
     plain = config("protocol_fashion")
@@ -300,6 +302,9 @@ def test_the_trained_benchmarks_configs_share_one_protocol():
     assert papers.aug and papers.scale[0] > 0.08 and papers.hflip > 0 and len(papers.train_sizes) > 1
     assert set(papers.models) <= set(plain.models)
     assert {"vit_ape_tiny", "vit_rope_tiny"} <= set(families.models) and len(families.seeds) == 3
+    # every other setting the headline's: benchmark.sh copies its APE and axial RoPE runs in as the families' own
+    differ = [f.name for f in dataclasses.fields(plain) if getattr(plain, f.name) != getattr(families, f.name)]
+    assert differ == ["models", "seeds", "output"] and set(families.seeds) <= set(plain.seeds)
     ours = [f for f in FAMILIES.values() if f.model_name and f.min_axes <= 2 and f.__module__.startswith("vit_rope.")]
     assert {f"vit_{f.model_name}_tiny" for f in ours} <= set(plain.models) | set(families.models)  # every family
     assert gpu.model_kwargs == {"patch_size": 2} and gpu.models == plain.models and gpu.amp
