@@ -8,10 +8,13 @@
 #   1. protocol_fashion, seed 0: the six headline models once
 #   2. protocol_fashion_2x: APE and axial RoPE, seed 0, twice as long: the convergence check
 #   3. protocol_fashion_papers, seed 0: the papers' recipe once
-#   4. protocol_fashion, seeds 0-2, then seeds 0-4 (the headline's five)
-#   5. protocol_fashion_papers, seeds 0-2
-#   6. protocol_fashion_families, seeds 0-2; its baselines (APE and axial RoPE at seeds 0-2) are the headline's runs
-#      of step 4, the same settings, seeds and data: copied into its folder, not trained again (21 runs, not 27)
+#   4. protocol_elpv, seed 0, and protocol_elpv_2x (APE and axial RoPE twice as long): ELPV's first seed and its
+#      convergence check (skipped, with the command that installs it, where PyPI's elpv-dataset is not installed)
+#   5. protocol_fashion, seeds 0-2, then seeds 0-4 (the headline's five)
+#   6. protocol_fashion_papers, seeds 0-2
+#   7. protocol_elpv, seeds 0-4
+#   8. protocol_fashion_families, seeds 0-2; its baselines (APE and axial RoPE at seeds 0-2) are the headline's runs
+#      of step 5, the same settings, seeds and data: copied into its folder, not trained again (21 runs, not 27)
 # A finished step costs seconds when run again (its report is made anew, nothing trained).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,9 +35,20 @@ run runs/protocol_fashion --config configs/protocol_fashion.yaml --seeds 0
 run runs/protocol_fashion_2x --config configs/protocol_fashion.yaml --models vit_ape_tiny vit_rope_tiny --seeds 0 \
     --epochs 20 --eval-sizes 14 --finetune-sizes
 run runs/protocol_fashion_papers --config configs/protocol_fashion_papers.yaml --seeds 0
+ELPV=1
+if ! "$PYTHON" -c "import elpv_dataset" 2>/dev/null; then
+    ELPV=0
+    echo "=== skipping ELPV's steps: PyPI's elpv-dataset is missing (uv sync --inexact --extra elpv installs it)"
+fi
+if [ $ELPV = 1 ]; then
+    run runs/protocol_elpv --config configs/protocol_elpv.yaml --seeds 0
+    run runs/protocol_elpv_2x --config configs/protocol_elpv.yaml --models vit_ape_tiny vit_rope_tiny --seeds 0 \
+        --epochs 160 --eval-sizes 144 --finetune-sizes
+fi
 run runs/protocol_fashion --config configs/protocol_fashion.yaml --seeds 0 1 2
 run runs/protocol_fashion --config configs/protocol_fashion.yaml
 run runs/protocol_fashion_papers --config configs/protocol_fashion_papers.yaml
+[ $ELPV = 1 ] && run runs/protocol_elpv --config configs/protocol_elpv.yaml
 for tag in vit_ape_tiny@seed{0,1,2} vit_rope_tiny@seed{0,1,2}; do
     # a finished headline run (its results.json) the families' folder lacks: a copy, not a link (train.py refuses links)
     if [ -f "runs/protocol_fashion/$tag/results.json" ] && [ ! -e "runs/protocol_fashion_families/$tag" ]; then

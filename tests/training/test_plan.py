@@ -260,14 +260,18 @@ def config(name: str):
 
 def test_the_protocol_configs_say_what_they_claim():
     """The resolution protocol's configs: trained below the data's native size and evaluated up to it and beyond,
-    fine-tuned at a larger size, several seeds; CIFAR-100 at LieRE's 32 px with patch 4 for every image family;
-    ImageNet-100 from 224 to 1024; RoPE-ViT's published weights evaluated at its table's sizes."""
+    fine-tuned at a larger size, several seeds (Fashion-MNIST, ELPV); CIFAR-100 at LieRE's 32 px with patch 4 for
+    every image family; ImageNet-100 from 224 to 1024; RoPE-ViT's published weights evaluated at its table's sizes."""
     from vit_rope import FAMILIES
 
     fashion = config("protocol_fashion")  # Fashion-MNIST: 28 px originals
     assert fashion.img_size < 28 < max(fashion.eval_sizes) and max(fashion.eval_sizes) == 4 * fashion.img_size
     assert min(fashion.eval_sizes) < 0.6 * fashion.img_size and fashion.finetune_sizes == (28,)
     assert len(fashion.seeds) >= 5 and {"vit_ape_tiny", "vit_rope_tiny", "vit_rope_mixed_tiny"} <= set(fashion.models)
+    cells = config("protocol_elpv")  # ELPV: 300 px originals, all 654 test cells
+    assert 2 * cells.img_size in cells.eval_sizes and 2 * cells.img_size < 300 < max(cells.eval_sizes)
+    assert 2 * min(cells.eval_sizes) == cells.img_size and cells.finetune_sizes == (2 * cells.img_size,)
+    assert cells.val_subset == 0 and len(cells.seeds) >= 5 and set(cells.models) == set(fashion.models)
     cifar = config("cifar100_liere")
     assert (cifar.dataset, cifar.img_size, cifar.model_kwargs["patch_size"]) == ("cifar100", 32, 4)
     ours = [f for f in FAMILIES.values() if f.model_name and f.min_axes <= 2 and f.__module__.startswith("vit_rope.")]
@@ -310,5 +314,5 @@ def test_the_trained_benchmarks_configs_share_one_protocol():
     assert gpu.model_kwargs == {"patch_size": 2} and gpu.models == plain.models and gpu.amp
     assert not Path(gpu.data_dir).is_absolute()  # inside the working tree, which travels to the GPU machine
     script = (CONFIG_DIR.parent / "bench" / "benchmark.sh").read_text()
-    assert all(f"configs/{name}.yaml" in script for name in ("protocol_fashion", "protocol_fashion_papers",
-                                                              "protocol_fashion_families"))  # fmt: skip
+    names = ("protocol_fashion", "protocol_fashion_papers", "protocol_fashion_families", "protocol_elpv")
+    assert all(f"configs/{name}.yaml" in script for name in names)
