@@ -50,10 +50,14 @@ run runs/protocol_fashion --config configs/protocol_fashion.yaml
 run runs/protocol_fashion_papers --config configs/protocol_fashion_papers.yaml
 [ $ELPV = 1 ] && run runs/protocol_elpv --config configs/protocol_elpv.yaml
 for tag in vit_ape_tiny@seed{0,1,2} vit_rope_tiny@seed{0,1,2}; do
-    # a finished headline run (its results.json) the families' folder lacks: a copy, not a link (train.py refuses links)
-    if [ -f "runs/protocol_fashion/$tag/results.json" ] && [ ! -e "runs/protocol_fashion_families/$tag" ]; then
-        mkdir -p runs/protocol_fashion_families
-        cp -r "runs/protocol_fashion/$tag" "runs/protocol_fashion_families/$tag"
+    # a finished headline run (its results.json) the families' folder lacks: a copy, not a link (train.py refuses
+    # links), and its rows of log.csv (the training curve)
+    from=runs/protocol_fashion to=runs/protocol_fashion_families
+    if [ -f "$from/$tag/results.json" ] && [ ! -e "$to/$tag" ]; then
+        mkdir -p "$to"
+        cp -r "$from/$tag" "$to/$tag"
+        [ -f "$to/log.csv" ] || head -n 1 "$from/log.csv" > "$to/log.csv"
+        grep "^$tag," "$from/log.csv" >> "$to/log.csv" || true
     fi
 done
 run runs/protocol_fashion_families --config configs/protocol_fashion_families.yaml

@@ -275,10 +275,11 @@ def test_a_model_through_the_kernel_equals_the_pytorch_path(kernel, monkeypatch,
         torch.testing.assert_close(fused_grads[n], ref_grads[n], rtol=1e-3, atol=1e-5, msg=n)
 
 
-# Each op on q, k, v (S, B=3, H=1, N=1, d) whose batch stride is 2**30 + 32 elements, so that sample 2 starts past
-# 2**31 (an 8 GiB float32 storage, reserved but barely touched): the kernel against the op's PyTorch path, which indexes
-# in int64. A kernel whose offsets wrap in int32 reads or writes another address: a segfault under the interpreter,
-# an illegal access on a GPU, hence a subprocess.
+# Each op on q, k, v (S=3, B=3, H=1, N=1, d) in two layouts of one float32 storage of 2**31 + 2**31 / 1024 elements
+# (8 GiB reserved, barely touched): samples 2**30 + 32 elements apart (the qkv projection's layout: sample 2 starts
+# past 2**31), then q, k and v that far apart (a contiguous (3, B, heads, N, d) tensor's): the kernel against the
+# op's PyTorch path, which indexes in int64. A kernel whose offsets wrap in int32 reads or writes another address: a
+# segfault under the interpreter, an illegal access on a GPU, hence a subprocess.
 FAR_OFFSETS = """
 import sys
 import torch
@@ -286,28 +287,32 @@ from vit_rope import kernels
 
 device, step, d = sys.argv[1], 2**30 + 32, 8
 store = torch.empty(2 * step + 3 * d, device=device)
-x = store.as_strided((3, 3, 1, 1, d), (d, step, d, 3 * d, 1))  # the qkv projection's layout: S stride H * d
 g = torch.Generator().manual_seed(0)
 for b in range(3):
     store[b * step : b * step + 3 * d] = torch.randn(3 * d, generator=g)
+layouts = {
+    "samples": store.as_strided((3, 3, 1, 1, d), (d, step, d, 3 * d, 1)),
+    "slices": store.as_strided((3, 3, 1, 1, d), (step, d, d, d, 1)),
+}
 angles = torch.randn(3, 1, 1, d // 2, generator=g).to(device)
 blocks = torch.linalg.matrix_exp(torch.randn(3, 1, 1, d // 2, 2, 2, generator=g)).to(device)
 coords = torch.randn(3, 1, 2, generator=g).to(device)
 curvature, gain = torch.randn(1, d, 3, generator=g).to(device), torch.randn(1, d, 2, generator=g).to(device)
 outer = torch.randn(1, 3, 4, generator=g).to(device)
-ops = {
-    "turn_pairs": lambda: kernels.turn_pairs(x, angles.cos(), angles.sin(), 0b111, True, False),
-    "turn_blocks": lambda: kernels.turn_blocks(x, blocks, 0b111, False),
-    "pape_qkv": lambda: kernels.pape_qkv(x, coords, curvature, gain, outer, 0),
-}
-for name, op in ops.items():
-    kernels.FUSED = "triton" if device == "cpu" else "auto"
-    fused = op()
-    kernels.FUSED = "torch"
-    plain = op()
-    assert fused.shape == plain.shape, name
-    torch.testing.assert_close(fused, plain, rtol=1e-4, atol=1e-4, msg=name)
-    print(name, "ok", flush=True)
+for layout, x in layouts.items():
+    ops = {
+        "turn_pairs": lambda: kernels.turn_pairs(x, angles.cos(), angles.sin(), 0b111, True, False),
+        "turn_blocks": lambda: kernels.turn_blocks(x, blocks, 0b111, False),
+        "pape_qkv": lambda: kernels.pape_qkv(x, coords, curvature, gain, outer, 0),
+    }
+    for name, op in ops.items():
+        kernels.FUSED = "triton" if device == "cpu" else "auto"
+        assert kernels._launches_kernel(x), "the kernel is not what runs"
+        fused = op()
+        kernels.FUSED = "torch"
+        plain = op()
+        torch.testing.assert_close(fused, plain, rtol=1e-4, atol=1e-4, msg=name)
+        print(layout, name, "ok", flush=True)
 """
 
 
@@ -323,4 +328,5 @@ def test_the_kernels_reach_samples_past_2_31_elements():
     own q, k and v in every kernel (their program ids are int64): each op equals its PyTorch path."""
     run = far_offsets("cpu")
     assert run.returncode == 0, f"exit {run.returncode}: {run.stdout}{run.stderr[-2000:]}"
-    assert run.stdout.split() == ["turn_pairs", "ok", "turn_blocks", "ok", "pape_qkv", "ok"]
+    ops = ("turn_pairs", "turn_blocks", "pape_qkv")
+    assert run.stdout.split() == [w for layout in ("samples", "slices") for op in ops for w in (layout, op, "ok")]
