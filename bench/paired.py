@@ -2,10 +2,13 @@
 
     uv run python bench/paired.py runs/protocol_fashion runs/protocol_fashion_papers   # the papers' recipe - plain
     uv run python bench/paired.py runs/protocol_fashion runs/protocol_fashion_2x       # the convergence check
+    uv run python bench/paired.py runs/protocol_fashion_papers     # one folder: each size against the training size
 
 For every model, protocol, scaling mode and eval size that both folders' results.csv hold, a markdown row: the mean
 top-1 of A and of B over the seeds both have, and B - A paired by seed (the same seed: the same initial draw and data
 order) with its 95 % t-interval, marked as results.md marks them (▲ B better in every seed, ▼ worse in every seed).
+Given one folder, A is each model's top-1 at its training size and B its top-1 at each other size (resized test
+images), the same seed and scaling mode: does a model gain above (or below) the size it trained at?
 """
 
 import argparse
@@ -30,13 +33,30 @@ def read_rows(folder: Path, side: str) -> list[dict]:
 
 def compare(a: Path, b: Path) -> str:
     """The markdown table of B - A (see the module's docstring)."""
-    rows = read_rows(a, "A") + read_rows(b, "B")
+    return table(read_rows(a, "A") + read_rows(b, "B"), f"B = {b}, A = {a}")
+
+
+def against_training_size(folder: Path) -> str:
+    """The markdown table of each size's top-1 minus the training size's, model by model (see the docstring)."""
+    rows = [r for r in read_rows(folder, "B") if r["protocol"] == "resize"]
+    sizes = {int(r["eval_size"]) for r in rows}
+    at_training_size = [r for r in rows if r["eval_size"] == r["train_size"]]
+    if not at_training_size:
+        raise SystemExit(f"error: {folder} was not evaluated at its training size: add it to --eval-sizes")
+    # A: the training size's row, once for every size, so that each size's row pairs with it
+    a = [r | {"model": "A", "eval_size": str(s)} for r in at_training_size for s in sizes]
+    b = [r for r in rows if r["eval_size"] != r["train_size"]]
+    return table(a + b, f"B = {folder} at each size, A = the same at its training size")
+
+
+def table(rows: list[dict], title: str) -> str:
+    """B - A, paired by seed, a markdown row per model, protocol, scaling mode and size."""
     paired = paired_differences(rows, "A")
     means = {}
     for r in rows:
         key = (r["model"], r["protocol"], r["recipe"], r["rope_scaling"], int(r["eval_size"]))
         means.setdefault(key, {})[int(r["seed"])] = float(r["top1"])
-    lines = [f"B = {b}, A = {a}", "", "| model | protocol | RoPE scaling | size | seeds | A | B | B - A |",
+    lines = [title, "", "| model | protocol | RoPE scaling | size | seeds | A | B | B - A |",
              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     order = sorted(paired, key=lambda k: (k[2], k[0], k[3], k[5]))  # model (as recipe), protocol, mode, size
     for protocol, _, model, mode, a_mode, size in order:
@@ -54,9 +74,10 @@ def compare(a: Path, b: Path) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("a", type=Path, help="run folder A (its results.csv)")
-    parser.add_argument("b", type=Path, help="run folder B, compared with A")
+    parser.add_argument("b", type=Path, nargs="?", help="run folder B, compared with A (none: A's sizes against its "
+                        "training size)")  # fmt: skip
     args = parser.parse_args()
-    print(compare(args.a, args.b))
+    print(compare(args.a, args.b) if args.b else against_training_size(args.a))
 
 
 if __name__ == "__main__":

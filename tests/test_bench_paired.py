@@ -52,3 +52,24 @@ def test_a_folder_without_results_is_one_error(tmp_path):
 def test_a_folder_that_is_no_run_is_one_error(tmp_path):
     with pytest.raises(SystemExit, match="holds no results.csv"):
         paired.compare(tmp_path, tmp_path)
+
+
+def test_one_folder_pairs_each_size_with_the_training_size(tmp_path):
+    top1 = {("vit_rope_tiny", s, 14, "pi"): 70.0 + s for s in range(3)}
+    top1 |= {("vit_rope_tiny", s, 16, "pi"): 71.0 + 2 * s for s in range(3)}  # +1, +2, +3 over 14 px
+    top1 |= {("vit_rope_tiny", s, 28, "pi"): 60.0 for s in range(3)}
+    top1 |= {("vit_ape_tiny", s, 14, "-"): 80.0 for s in range(3)}
+    top1 |= {("vit_ape_tiny", s, 16, "-"): 79.0 for s in range(3)}
+    table = paired.against_training_size(write(tmp_path / "a", top1))
+    rows = {tuple(line.split(" | ")[i].strip("| ") for i in (0, 3)): line.split(" | ") for line in table.splitlines()
+            if "_tiny" in line}  # fmt: skip
+    assert set(rows) == {("vit_rope_tiny", "16"), ("vit_rope_tiny", "28"), ("vit_ape_tiny", "16")}  # 14: the A side
+    assert rows["vit_rope_tiny", "16"][4:7] == ["3", "71.0", "73.0"]
+    assert rows["vit_rope_tiny", "16"][7].startswith("+2.0 (") and rows["vit_rope_tiny", "16"][7].endswith("▲ |")
+    assert rows["vit_rope_tiny", "28"][7].startswith("-11.0 (")
+    assert rows["vit_ape_tiny", "16"][7].startswith("-1.0 (") and rows["vit_ape_tiny", "16"][7].endswith("▼ |")
+
+
+def test_one_folder_without_its_training_size_is_one_error(tmp_path):
+    with pytest.raises(SystemExit, match="not evaluated at its training size"):
+        paired.against_training_size(write(tmp_path / "a", {("vit_rope_tiny", 0, 28, "pi"): 60.0}))
