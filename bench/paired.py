@@ -1,4 +1,4 @@
-"""Two run folders of one protocol compared seed by seed: the same models under another recipe or schedule.
+"""Run folders compared seed by seed: the same models under another recipe or schedule, or at other test sizes.
 
     uv run python bench/paired.py runs/protocol_fashion runs/protocol_fashion_papers   # the papers' recipe - plain
     uv run python bench/paired.py runs/protocol_fashion runs/protocol_fashion_2x       # the convergence check
@@ -7,8 +7,9 @@
 For every model, protocol, scaling mode and eval size that both folders' results.csv hold, a markdown row: the mean
 top-1 of A and of B over the seeds both have, and B - A paired by seed (the same seed: the same initial draw and data
 order) with its 95 % t-interval, marked as results.md marks them (▲ B better in every seed, ▼ worse in every seed).
-Given one folder, A is each model's top-1 at its training size and B its top-1 at each other size (resized test
-images), the same seed and scaling mode: does a model gain above (or below) the size it trained at?
+Given one folder, A is each model's top-1 at its training size (``--img-size``, also under multi-resolution training)
+and B its top-1 at each other size (resized test images, protocol ``resize``), the same seed and scaling mode: does a
+model gain above (or below) the size it trained at?
 """
 
 import argparse
@@ -39,13 +40,16 @@ def compare(a: Path, b: Path) -> str:
 def against_training_size(folder: Path) -> str:
     """The markdown table of each size's top-1 minus the training size's, model by model (see the docstring)."""
     rows = [r for r in read_rows(folder, "B") if r["protocol"] == "resize"]
+    if len({int(r["train_size"]) for r in rows}) > 1:
+        raise SystemExit(f"error: {folder} holds runs of several training sizes: give a folder train.py wrote")
     sizes = {int(r["eval_size"]) for r in rows}
-    at_training_size = [r for r in rows if r["eval_size"] == r["train_size"]]
+    at_training_size = [r for r in rows if int(r["eval_size"]) == int(r["train_size"])]
     if not at_training_size:
-        raise SystemExit(f"error: {folder} was not evaluated at its training size: add it to --eval-sizes")
+        raise SystemExit(f"error: {folder} holds no row of protocol 'resize' at its training size: rerun it with "
+                         "--resume and the training size among --eval-sizes")  # fmt: skip
     # A: the training size's row, once for every size, so that each size's row pairs with it
     a = [r | {"model": "A", "eval_size": str(s)} for r in at_training_size for s in sizes]
-    b = [r for r in rows if r["eval_size"] != r["train_size"]]
+    b = [r for r in rows if int(r["eval_size"]) != int(r["train_size"])]
     return table(a + b, f"B = {folder} at each size, A = the same at its training size")
 
 

@@ -16,13 +16,14 @@ FIELDS = ["model", "recipe", "seed", "train_size", "eval_size", "protocol", "rop
           "params"]  # fmt: skip
 
 
-def write(folder: Path, top1: dict[tuple, float]) -> Path:
+def write(folder: Path, top1: dict[tuple, float], protocol: dict[tuple, str] | None = None) -> Path:
     folder.mkdir()
     with open(folder / "results.csv", "w", newline="") as f:
         w = csv.DictWriter(f, FIELDS)
         w.writeheader()
         for (model, seed, size, mode), v in top1.items():
-            w.writerow(dict(model=model, recipe="", seed=seed, train_size=14, eval_size=size, protocol="resize",
+            kind = (protocol or {}).get((model, seed, size, mode), "resize")
+            w.writerow(dict(model=model, recipe="", seed=seed, train_size=14, eval_size=size, protocol=kind,
                             rope_scaling=mode, top1=v, top5=99, loss=0.5, params=1))  # fmt: skip
     return folder
 
@@ -58,18 +59,27 @@ def test_one_folder_pairs_each_size_with_the_training_size(tmp_path):
     top1 = {("vit_rope_tiny", s, 14, "pi"): 70.0 + s for s in range(3)}
     top1 |= {("vit_rope_tiny", s, 16, "pi"): 71.0 + 2 * s for s in range(3)}  # +1, +2, +3 over 14 px
     top1 |= {("vit_rope_tiny", s, 28, "pi"): 60.0 for s in range(3)}
+    top1 |= {("vit_rope_tiny", s, 14, "none"): 50.0 for s in range(3)}  # another mode: paired with its own 14 px
+    top1 |= {("vit_rope_tiny", s, 16, "none"): 45.0 for s in range(3)}
     top1 |= {("vit_ape_tiny", s, 14, "-"): 80.0 for s in range(3)}
     top1 |= {("vit_ape_tiny", s, 16, "-"): 79.0 for s in range(3)}
-    table = paired.against_training_size(write(tmp_path / "a", top1))
-    rows = {tuple(line.split(" | ")[i].strip("| ") for i in (0, 3)): line.split(" | ") for line in table.splitlines()
-            if "_tiny" in line}  # fmt: skip
-    assert set(rows) == {("vit_rope_tiny", "16"), ("vit_rope_tiny", "28"), ("vit_ape_tiny", "16")}  # 14: the A side
-    assert rows["vit_rope_tiny", "16"][4:7] == ["3", "71.0", "73.0"]
-    assert rows["vit_rope_tiny", "16"][7].startswith("+2.0 (") and rows["vit_rope_tiny", "16"][7].endswith("▲ |")
-    assert rows["vit_rope_tiny", "28"][7].startswith("-11.0 (")
-    assert rows["vit_ape_tiny", "16"][7].startswith("-1.0 (") and rows["vit_ape_tiny", "16"][7].endswith("▼ |")
+    tuned = {("vit_ape_tiny", s, 28, "-"): "finetune" for s in range(3)}  # another protocol: left out
+    top1 |= {key: 90.0 for key in tuned}
+    table = paired.against_training_size(write(tmp_path / "a", top1, tuned))
+    cells = [line.split(" | ") for line in table.splitlines() if "_tiny" in line]
+    rows = {(c[0].strip("| "), c[2], c[3]): c[4:] for c in cells}  # (model, mode, size): seeds, A, B, B - A
+    # no row at 14 px (the A side), none for the fine-tuned 28 px
+    assert set(rows) == {("vit_rope_tiny", "pi", "16"), ("vit_rope_tiny", "pi", "28"), ("vit_rope_tiny", "none", "16"),
+                         ("vit_ape_tiny", "-", "16")}  # fmt: skip
+    seeds, a, b, diff = rows["vit_rope_tiny", "pi", "16"]
+    assert (seeds, a, b) == ("3", "71.0", "73.0") and diff.startswith("+2.0 (") and diff.endswith("▲ |")
+    assert rows["vit_rope_tiny", "pi", "28"][3].startswith("-11.0 (")
+    assert rows["vit_rope_tiny", "none", "16"] == ["3", "50.0", "45.0", "-5.0 (-5.0, -5.0) ▼ |"]
+    assert rows["vit_ape_tiny", "-", "16"][3].startswith("-1.0 (") and rows["vit_ape_tiny", "-", "16"][3].endswith(
+        "▼ |"
+    )
 
 
 def test_one_folder_without_its_training_size_is_one_error(tmp_path):
-    with pytest.raises(SystemExit, match="not evaluated at its training size"):
+    with pytest.raises(SystemExit, match="no row of protocol 'resize' at its training size"):
         paired.against_training_size(write(tmp_path / "a", {("vit_rope_tiny", 0, 28, "pi"): 60.0}))
