@@ -83,3 +83,12 @@ def test_one_folder_pairs_each_size_with_the_training_size(tmp_path):
 def test_one_folder_without_its_training_size_is_one_error(tmp_path):
     with pytest.raises(SystemExit, match="no row of protocol 'resize' at its training size"):
         paired.against_training_size(write(tmp_path / "a", {("vit_rope_tiny", 0, 28, "pi"): 60.0}))
+
+
+def test_a_forged_row_is_one_error(tmp_path):
+    folder = write(tmp_path / "a", {("vit_rope_tiny", 0, 14, "pi"): 70.0, ("vit_rope_tiny", 0, 28, "pi"): 60.0})
+    text = (folder / "results.csv").read_text().splitlines()
+    text[2] = text[2].replace(",28,", ",twenty-eight,")
+    (folder / "results.csv").write_text("\n".join(text[:2] + [text[2]]) + "\n" + "vit_rope_tiny,,0\n")
+    with pytest.raises(SystemExit, match="line 3 of .* is not a row train.py writes"):
+        paired.against_training_size(folder)
