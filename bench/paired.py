@@ -29,14 +29,17 @@ def read_rows(folder: Path, side: str) -> list[dict]:
         rows = list(csv.DictReader(f))
     if not rows:
         raise SystemExit(f"error: {folder / 'results.csv'} holds no rows")
+    columns = {"model", "recipe", "protocol", "rope_scaling"}
     for line, r in enumerate(rows, start=2):  # line 1: the header
         try:
             int(r["seed"]), int(r["train_size"]), int(r["eval_size"]), float(r["top1"])
-            r["model"], r["recipe"], r["protocol"], r["rope_scaling"]  # noqa: B018 (each column there)
+            whole = columns <= r.keys() and None not in r.values()  # (a short row's missing fields are None)
         except (KeyError, TypeError, ValueError):
+            whole = False
+        if not whole:
             what = "whole seed and sizes, a top-1, under its header"
             raise SystemExit(f"error: line {line} of {folder / 'results.csv'} is not a row train.py writes ({what}): "
-                             "write it again with train.py --resume") from None  # fmt: skip
+                             "write it again with train.py --resume")  # fmt: skip
     return [r | {"model": side, "recipe": r["model"] + (f"@{r['recipe']}" if r["recipe"] else "")} for r in rows]
 
 
