@@ -5,10 +5,15 @@
 #     DEVICE=cpu bash bench/gpu_check.sh               # the dry run: every step at tiny sizes on the CPU
 #     OUT=/some/folder PYTHON=.venv/bin/python bash bench/gpu_check.sh
 #     bash bench/gpu_check.sh benchmark                # the trained benchmark at ViT-Ti instead (budget 6 min)
+#     bash bench/gpu_check.sh probe                    # where eager RoPE's time over APE goes (about 2 min)
 #
 # `benchmark` runs configs/protocol_fashion_gpu.yaml (docs/results.md's protocol, ViT-Ti) on the Fashion-MNIST IDX
 # files in data/fashion-mnist (git-ignored: copy them there and carry the folder to the GPU machine). The speed check
 # and the benchmark each fit one session's device time, not both: run the speed check where its figures are missing.
+# `probe` is the speed check's eager steps that locate RoPE's cost over APE (the kernel or PyTorch's rotation, and an
+# eager profile of both models' kernels), short enough to run before `benchmark` in one session:
+#
+#     TOTAL_BUDGET=150 bash bench/gpu_check.sh probe; BENCH_BUDGET=400 bash bench/gpu_check.sh benchmark
 #
 # It installs nothing but the wheels carried in .whl (git-ignored; e.g. timm>=1.0.31, which train.py needs and the
 # H100 image of 2026-11 lacks, with 1.0.29), into a private folder put first on PYTHONPATH:
@@ -28,7 +33,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 DEVICE=${DEVICE:-cuda}
 MODE=${1:-speed}
-case "$MODE" in speed | benchmark) ;; *) echo "usage: bash bench/gpu_check.sh [speed|benchmark]" >&2; exit 2 ;; esac
+case "$MODE" in speed | benchmark | probe) ;; *) echo "usage: bash bench/gpu_check.sh [speed|benchmark|probe]" >&2; exit 2 ;; esac
 OUT=${OUT:-/tmp/gpu_check}
 PYTHON=${PYTHON:-$(command -v python || command -v python3)}
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"  # the package from this checkout, installed or not
@@ -140,8 +145,8 @@ if [ "$MODE" = benchmark ]; then
         SMALL=()  # the dry run: 256 images, one epoch of a one-block model
         [ "$DRY" = 1 ] && SMALL=(--train-subset 256 --val-subset 64 --epochs 1 --batch-size 32 --workers 0
                                  --model-kwargs patch_size=2 depth=1 embed_dim=32 num_heads=2 --finetune-steps 2)
-        step g_benchmark 360 "$PYTHON" train.py --config configs/protocol_fashion_gpu.yaml --data-dir "$DATA" \
-            --device "$DEVICE" "${SMALL[@]}" --output "$OUT/benchmark" --overwrite
+        step g_benchmark "${BENCH_BUDGET:-360}" "$PYTHON" train.py --config configs/protocol_fashion_gpu.yaml \
+            --data-dir "$DATA" --device "$DEVICE" "${SMALL[@]}" --output "$OUT/benchmark" --overwrite
         [ -f "$OUT/benchmark/results.md" ] && cat "$OUT/benchmark/results.md"
     fi
     summary
@@ -156,6 +161,14 @@ step a_rope_eager 60 "$PYTHON" bench/throughput.py "${BENCH[@]}" --sizes "$SIZE"
 # eager and 6.7 ms compiled, so it is in what both run: this tells whether the kernel is it)
 step a_rope_eager_torch 60 env VIT_ROPE_FUSED=torch "$PYTHON" bench/throughput.py "${BENCH[@]}" --sizes "$SIZE" \
     --sections rope
+
+# ---------- h. where eager RoPE's time over APE goes: the kernels of a few forwards and train steps of both, eager
+if [ "$MODE" = probe ]; then
+    step h_profile_eager 60 "$PYTHON" bench/throughput.py --device "$DEVICE" --dtype "$DTYPE" --batch "$BATCH" \
+        --sizes "$SIZE" "${DEPTH[@]}" --profile
+    summary
+    exit 0
+fi
 
 # -------------------------------------------------------------------------- b. every family against axial, eager
 FAMILY_BATCH=$([ "$DRY" = 1 ] && echo "$BATCH" || echo 64)
