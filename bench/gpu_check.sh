@@ -5,15 +5,15 @@
 #     DEVICE=cpu bash bench/gpu_check.sh               # the dry run: every step at tiny sizes on the CPU
 #     OUT=/some/folder PYTHON=.venv/bin/python bash bench/gpu_check.sh
 #     bash bench/gpu_check.sh benchmark                # the trained benchmark at ViT-Ti instead (budget 6 min)
-#     bash bench/gpu_check.sh probe                    # where eager RoPE's time over APE goes (about 2 min)
+#     bash bench/gpu_check.sh probe                    # the rotation kernel, RoPE against APE (about 3 min)
 #
 # `benchmark` runs configs/protocol_fashion_gpu.yaml (docs/results.md's protocol, ViT-Ti) on the Fashion-MNIST IDX
 # files in data/fashion-mnist (git-ignored: copy them there and carry the folder to the GPU machine). The speed check
 # and the benchmark each fit one session's device time, not both: run the speed check where its figures are missing.
-# `probe` is the speed check's eager steps that locate RoPE's cost over APE (the kernel or PyTorch's rotation, and an
-# eager profile of both models' kernels), short enough to run before `benchmark` in one session:
+# `probe` is the speed check's first steps (the rotation kernel alone, RoPE against APE eager) and our two models
+# compiled, short enough to run before `benchmark` in one session:
 #
-#     TOTAL_BUDGET=150 bash bench/gpu_check.sh probe; BENCH_BUDGET=400 bash bench/gpu_check.sh benchmark
+#     TOTAL_BUDGET=200 bash bench/gpu_check.sh probe; BENCH_BUDGET=350 bash bench/gpu_check.sh benchmark
 #
 # It installs nothing but the wheels carried in .whl (git-ignored; e.g. timm>=1.0.31, which train.py needs and the
 # H100 image of 2026-11 lacks, with 1.0.29), into a private folder put first on PYTHONPATH:
@@ -153,19 +153,19 @@ if [ "$MODE" = benchmark ]; then
     exit 0
 fi
 
+# ------------------------------------------ r. the rotation kernel alone against a copy of the same bytes
+ROTATION=(--device "$DEVICE" --dtype "$DTYPE" --batch "$BATCH")
+[ "$DRY" = 1 ] && ROTATION+=(--repeats 25)
+step r_rotation 45 "$PYTHON" bench/rotation.py "${ROTATION[@]}" --sweep
+
 # ---------------------------------------------------- a. RoPE against APE, DeiT-III and timm's RoPE ViT, eager
 BENCH=(--device "$DEVICE" --dtype "$DTYPE" --batch "$BATCH" --repeats "$REPEATS" "${DEPTH[@]}")
 step a_rope_eager 60 "$PYTHON" bench/throughput.py "${BENCH[@]}" --sizes "$SIZE" --sections rope
 
-# the same with the PyTorch rotation instead of the Triton kernel (2026-11-27: the RoPE models' gap to APE was 6.5 ms
-# eager and 6.7 ms compiled, so it is in what both run: this tells whether the kernel is it)
-step a_rope_eager_torch 60 env VIT_ROPE_FUSED=torch "$PYTHON" bench/throughput.py "${BENCH[@]}" --sizes "$SIZE" \
-    --sections rope
-
-# ---------- h. where eager RoPE's time over APE goes: the kernels of a few forwards and train steps of both, eager
+# ----------------------- `probe`: our two models compiled, then nothing else (the rest is the speed check's)
 if [ "$MODE" = probe ]; then
-    step h_profile_eager 60 "$PYTHON" bench/throughput.py --device "$DEVICE" --dtype "$DTYPE" --batch "$BATCH" \
-        --sizes "$SIZE" "${DEPTH[@]}" --profile
+    step a_ours_compiled 120 "$PYTHON" bench/throughput.py "${BENCH[@]}" --repeats $((REPEATS > 6 ? 6 : REPEATS)) \
+        --sizes "$SIZE" --sections rope --compile --ours-only
     summary
     exit 0
 fi

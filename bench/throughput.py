@@ -171,13 +171,16 @@ def print_times(size: int, forward: dict, step: dict) -> None:
         print(f"{size}px  {what} ms (median): {ms}")
 
 
-def rope_against_ape(setup: Setup, sizes: list[int], batch: int, repeats: int) -> None:
-    names = {
-        "ours RoPE": "vit_rope_small",
-        "ours APE": "vit_ape_small",  # identical code but for the position encoding
-        "APE trunk": "deit3_small_patch16_224",
-        "timm RoPE": "vit_small_patch16_rope_224",
-    }
+ROPE_MODELS = {
+    "ours RoPE": "vit_rope_small",
+    "ours APE": "vit_ape_small",  # identical code but for the position encoding
+    "APE trunk": "deit3_small_patch16_224",
+    "timm RoPE": "vit_small_patch16_rope_224",
+}
+
+
+def rope_against_ape(setup: Setup, sizes: list[int], batch: int, repeats: int, ours_only: bool = False) -> None:
+    names = {k: v for k, v in ROPE_MODELS.items() if k.startswith("ours") or not ours_only}
     for size in sizes:
         models = {k: setup.model(n, img_size=size) for k, n in names.items()}
         x = torch.randn(batch, 3, size, size, device=setup.device)
@@ -185,12 +188,12 @@ def rope_against_ape(setup: Setup, sizes: list[int], batch: int, repeats: int) -
         print_times(size, forward, step)
         for what, times in (("forward", forward), ("train-step", step)):
             own = speed_ratio(times, "ours RoPE", "ours APE", f"{size}px {what} ours RoPE/ours APE")
-            trunk = speed_ratio(times, "ours RoPE", "APE trunk", f"{size}px {what} ours RoPE/timm DeiT-III")
-            other = speed_ratio(times, "ours RoPE", "timm RoPE", f"{size}px {what} ours RoPE/timm RoPE")
-            print(
-                f"{size}px  {what} throughput  ours RoPE/ours APE {own}  ours RoPE/timm DeiT-III {trunk}  "
-                f"ours RoPE/timm RoPE {other}"
-            )
+            line = f"{size}px  {what} throughput  ours RoPE/ours APE {own}"
+            if not ours_only:
+                trunk = speed_ratio(times, "ours RoPE", "APE trunk", f"{size}px {what} ours RoPE/timm DeiT-III")
+                other = speed_ratio(times, "ours RoPE", "timm RoPE", f"{size}px {what} ours RoPE/timm RoPE")
+                line += f"  ours RoPE/timm DeiT-III {trunk}  ours RoPE/timm RoPE {other}"
+            print(line)
         mem = {k: saved_bytes(models[k], x, setup) for k in ("ours RoPE", "ours APE")}
         FIGURES[f"{size}px activation memory ours RoPE/ours APE"] = mem["ours RoPE"] / mem["ours APE"]
         print(
@@ -321,6 +324,7 @@ def arguments() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="autocast dtype")
     p.add_argument("--compile", action="store_true", help="torch.compile every model")
+    p.add_argument("--ours-only", action="store_true", help="the rope section times our two models alone (quicker)")
     p.add_argument("--depth", type=int, help="blocks of every model (default: each model's own; a quick dry run)")
     p.add_argument("--malloc", default="keep", choices=["keep", "default"], help="see the docstring")
     p.add_argument("--sections", nargs="+", default=SECTIONS, choices=SECTIONS)
@@ -360,7 +364,7 @@ def main() -> None:
     if args.profile:
         return profile_calls(setup, args.batch, args.sizes[0])
     if "rope" in args.sections:
-        rope_against_ape(setup, args.sizes, args.batch, args.repeats)
+        rope_against_ape(setup, args.sizes, args.batch, args.repeats, args.ours_only)
     if "apply" in args.sections:
         fast_path_against_reference(setup, args.batch, args.repeats)
     if "families" in args.sections:

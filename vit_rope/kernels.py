@@ -109,17 +109,25 @@ if triton is not None:
         os_s, os_b, os_h, os_n, os_d,
         INTERLEAVED: tl.constexpr, INVERSE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr,
     ):  # fmt: skip
-        # one program: BLOCK_N tokens of one head of one sample of one of q, k, v (s); offsets in int64 (_ids)
+        # one program: BLOCK_N tokens of one head of one sample of one of q, k, v (s); offsets in int64 (_ids).
+        # Every load and store sweeps whole runs of adjacent channels, so the GPU moves them 16 bytes at a time:
+        # interleaved pairs are read as whole rows and split in registers (reading channels 2p and 2p + 1 apart,
+        # two bytes a load, ran at 7 % of an H100's memory bandwidth: docs/speed.md)
         pid_n, h, sb = _ids()
         s, b = sb // B, sb % B
         n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)[:, None]  # (BLOCK_N, 1)
         p = tl.arange(0, BLOCK_P)[None, :]  # (1, BLOCK_P): pair index
         mask = (n < N) & (p < P)
-        first = 2 * p if INTERLEAVED else p  # the pair's two channels
-        second = first + 1 if INTERLEAVED else p + P
         x = x_ptr + s * xs_s + b * xs_b + h * xs_h + n * xs_n
-        x0 = tl.load(x + first * xs_d, mask=mask, other=0.0).to(tl.float32)
-        x1 = tl.load(x + second * xs_d, mask=mask, other=0.0).to(tl.float32)
+        out = out_ptr + s * os_s + b * os_b + h * os_h + n * os_n
+        if INTERLEAVED:  # channel 2p + i is entry i of pair p: a row of 2 · BLOCK_P channels, then (pairs, 2)
+            d = tl.arange(0, 2 * BLOCK_P)[None, :]  # (1, 2 · BLOCK_P)
+            row_mask = (n < N) & (d < 2 * P)
+            row = tl.load(x + d * xs_d, mask=row_mask, other=0.0).to(tl.float32)
+            x0, x1 = tl.split(tl.reshape(row, (BLOCK_N, BLOCK_P, 2)))
+        else:  # channels p and P + p: two runs of adjacent channels
+            x0 = tl.load(x + p * xs_d, mask=mask, other=0.0).to(tl.float32)
+            x1 = tl.load(x + (p + P) * xs_d, mask=mask, other=0.0).to(tl.float32)
         t = b * ts_b + h * ts_h + n * ts_n + p * ts_p
         c = tl.load(cos_ptr + t, mask=mask, other=1.0).to(tl.float32)
         sn = tl.load(sin_ptr + t, mask=mask, other=0.0).to(tl.float32)
@@ -128,9 +136,14 @@ if triton is not None:
         on = ((turned >> s) & 1) == 1  # this one of q, k, v turns; the others are copied
         c = tl.where(on, c, 1.0)
         sn = tl.where(on, sn, 0.0)
-        out = out_ptr + s * os_s + b * os_b + h * os_h + n * os_n
-        tl.store(out + first * os_d, x0 * c - x1 * sn, mask=mask)
-        tl.store(out + second * os_d, x0 * sn + x1 * c, mask=mask)
+        y0 = x0 * c - x1 * sn
+        y1 = x0 * sn + x1 * c
+        if INTERLEAVED:
+            row = tl.reshape(tl.join(y0, y1), (BLOCK_N, 2 * BLOCK_P))
+            tl.store(out + d * os_d, row, mask=row_mask)
+        else:
+            tl.store(out + p * os_d, y0, mask=mask)
+            tl.store(out + (p + P) * os_d, y1, mask=mask)
 
 
 if triton is not None:
@@ -189,6 +202,30 @@ def _turn_pairs_torch(x: Tensor, cos: Tensor, sin: Tensor, turned: int, interlea
     return torch.stack(out).to(x.dtype)
 
 
+def launch_turn_pairs(
+    x: Tensor, cos: Tensor, sin: Tensor, out: Tensor, turned: int, interleaved: bool, inverse: bool,
+    block_n: int | None = None, num_warps: int | None = None,
+) -> None:  # fmt: skip
+    """The pair kernel on ``x``, written into ``out`` (:func:`turn_pairs`' arguments); ``block_n`` tokens a program
+    (default: 4096 channels' worth, 64 tokens of a 64-channel head) in ``num_warps`` warps (default: Triton's);
+    bench/rotation.py times both."""
+    S, B, H, N, D = x.shape
+    P = D // 2
+    block_p = triton.next_power_of_2(P)
+    block_n = block_n or max(1, min(64, 4096 // (2 * block_p)))
+    options = {} if num_warps is None else {"num_warps": num_warps}
+
+    def grid(meta):
+        return (triton.cdiv(N, meta["BLOCK_N"]), H, S * B)
+
+    # on CPU the interpreter's kernel, called as it is (torch < 2.12 cannot wrap it; it runs eagerly only)
+    kernel = torch.library.wrap_triton(_turn_pairs_kernel) if x.device.type == "cuda" else _turn_pairs_kernel
+    kernel[grid](
+        x, cos, sin, out, B, N, P, turned, *x.stride(), *cos.stride(), *out.stride(),
+        INTERLEAVED=interleaved, INVERSE=inverse, BLOCK_N=block_n, BLOCK_P=block_p, **options,
+    )  # fmt: skip
+
+
 @torch.library.triton_op("vit_rope::turn_pairs", mutates_args=())
 def turn_pairs(x: Tensor, cos: Tensor, sin: Tensor, turned: int, interleaved: bool, inverse: bool) -> Tensor:
     """``x (S, B, heads, N, dim)`` with the ``S`` slices whose bit is set in ``turned`` turned by ``cos, sin (B, heads,
@@ -198,20 +235,7 @@ def turn_pairs(x: Tensor, cos: Tensor, sin: Tensor, turned: int, interleaved: bo
     out = torch.empty_like(x)
     if not _launches_kernel(x):
         return out.copy_(_turn_pairs_torch(x, cos, sin, turned, interleaved, inverse))
-    S, B, H, N, D = x.shape
-    P = D // 2
-    block_p = triton.next_power_of_2(P)
-    block_n = max(1, min(64, 4096 // block_p))
-
-    def grid(meta):
-        return (triton.cdiv(N, meta["BLOCK_N"]), H, S * B)
-
-    # on CPU the interpreter's kernel, called as it is (torch < 2.12 cannot wrap it; it runs eagerly only)
-    kernel = torch.library.wrap_triton(_turn_pairs_kernel) if x.device.type == "cuda" else _turn_pairs_kernel
-    kernel[grid](
-        x, cos, sin, out, B, N, P, turned, *x.stride(), *cos.stride(), *out.stride(),
-        INTERLEAVED=interleaved, INVERSE=inverse, BLOCK_N=block_n, BLOCK_P=block_p,
-    )  # fmt: skip
+    launch_turn_pairs(x, cos, sin, out, turned, interleaved, inverse)
     return out
 
 
