@@ -156,7 +156,7 @@ fi
 # ------------------------------------------ r. the rotation kernel alone against a copy of the same bytes
 ROTATION=(--device "$DEVICE" --dtype "$DTYPE" --batch "$BATCH")
 [ "$DRY" = 1 ] && ROTATION+=(--repeats 25)
-step r_rotation 45 "$PYTHON" bench/rotation.py "${ROTATION[@]}" --sweep
+step r_rotation 45 "$PYTHON" bench/rotation.py "${ROTATION[@]}"
 
 # ---------------------------------------------------- a. RoPE against APE, DeiT-III and timm's RoPE ViT, eager
 BENCH=(--device "$DEVICE" --dtype "$DTYPE" --batch "$BATCH" --repeats "$REPEATS" "${DEPTH[@]}")

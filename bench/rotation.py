@@ -1,7 +1,6 @@
 """The pair rotation alone, on a ViT-S block's qkv projection: the kernel against a copy of the same bytes.
 
     uv run python bench/rotation.py --device cuda                                        # batch 128, 224², bf16
-    uv run python bench/rotation.py --device cuda --sweep                                # + tokens and warps a program
     VIT_ROPE_FUSED=triton TRITON_INTERPRET=1 uv run python bench/rotation.py --batch 2   # the CPU dry run
 
 A rotation of q and k (v copied) reads the projection once and writes it once, as a copy in the same layout does
@@ -50,7 +49,6 @@ def main() -> None:
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--repeats", type=int, default=50)
-    p.add_argument("--sweep", action="store_true", help="also every tokens-a-program and warps-a-program setting")
     args = p.parse_args()
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     B, N, H, D = args.batch, args.tokens, args.heads, args.head_dim
@@ -102,22 +100,6 @@ def main() -> None:
         base = floor["both" if "backward" in name else "one"]
         rate = moved * (2 if "backward" in name else 1) / ms / 1e6
         print(f"{name:32s} {ms * 1e3:9.1f} us  {rate:7.0f} GB/s  copy/this {base / ms:5.2f}")
-
-    if args.sweep and hasattr(kernels, "launch_turn_pairs"):  # tokens a program, warps a program
-        print("sweep, interleaved pairs (default: 64 tokens, Triton's warps):")
-        out = torch.empty_like(x)
-        for block_n in (8, 16, 32, 64, 128):
-            for warps in (1, 2, 4, 8):
-                try:
-                    ms = timed(
-                        lambda b=block_n, w=warps: kernels.launch_turn_pairs(x, cos, sin, out, 3, True, False, b, w),
-                        device,
-                        repeats,
-                    )
-                except Exception as e:  # a setting the compiler refuses: said, and the next one timed
-                    print(f"  {block_n:3d} tokens, {warps} warps: {type(e).__name__}: {str(e)[:80]}")
-                    continue
-                print(f"  {block_n:3d} tokens, {warps} warps {ms * 1e3:9.1f} us  copy/this {floor['one'] / ms:5.2f}")
 
 
 if __name__ == "__main__":

@@ -202,30 +202,6 @@ def _turn_pairs_torch(x: Tensor, cos: Tensor, sin: Tensor, turned: int, interlea
     return torch.stack(out).to(x.dtype)
 
 
-def launch_turn_pairs(
-    x: Tensor, cos: Tensor, sin: Tensor, out: Tensor, turned: int, interleaved: bool, inverse: bool,
-    block_n: int | None = None, num_warps: int | None = None,
-) -> None:  # fmt: skip
-    """The pair kernel on ``x``, written into ``out`` (:func:`turn_pairs`' arguments); ``block_n`` tokens a program
-    (default: 4096 channels' worth, 64 tokens of a 64-channel head) in ``num_warps`` warps (default: Triton's);
-    bench/rotation.py times both."""
-    S, B, H, N, D = x.shape
-    P = D // 2
-    block_p = triton.next_power_of_2(P)
-    block_n = block_n or max(1, min(64, 4096 // (2 * block_p)))
-    options = {} if num_warps is None else {"num_warps": num_warps}
-
-    def grid(meta):
-        return (triton.cdiv(N, meta["BLOCK_N"]), H, S * B)
-
-    # on CPU the interpreter's kernel, called as it is (torch < 2.12 cannot wrap it; it runs eagerly only)
-    kernel = torch.library.wrap_triton(_turn_pairs_kernel) if x.device.type == "cuda" else _turn_pairs_kernel
-    kernel[grid](
-        x, cos, sin, out, B, N, P, turned, *x.stride(), *cos.stride(), *out.stride(),
-        INTERLEAVED=interleaved, INVERSE=inverse, BLOCK_N=block_n, BLOCK_P=block_p, **options,
-    )  # fmt: skip
-
-
 @torch.library.triton_op("vit_rope::turn_pairs", mutates_args=())
 def turn_pairs(x: Tensor, cos: Tensor, sin: Tensor, turned: int, interleaved: bool, inverse: bool) -> Tensor:
     """``x (S, B, heads, N, dim)`` with the ``S`` slices whose bit is set in ``turned`` turned by ``cos, sin (B, heads,
@@ -235,7 +211,20 @@ def turn_pairs(x: Tensor, cos: Tensor, sin: Tensor, turned: int, interleaved: bo
     out = torch.empty_like(x)
     if not _launches_kernel(x):
         return out.copy_(_turn_pairs_torch(x, cos, sin, turned, interleaved, inverse))
-    launch_turn_pairs(x, cos, sin, out, turned, interleaved, inverse)
+    S, B, H, N, D = x.shape
+    P = D // 2
+    block_p = triton.next_power_of_2(P)
+    block_n = max(1, min(64, 4096 // block_p))
+
+    def grid(meta):
+        return (triton.cdiv(N, meta["BLOCK_N"]), H, S * B)
+
+    # on CPU the interpreter's kernel, called as it is (torch < 2.12 cannot wrap it; it runs eagerly only)
+    kernel = torch.library.wrap_triton(_turn_pairs_kernel) if x.device.type == "cuda" else _turn_pairs_kernel
+    kernel[grid](
+        x, cos, sin, out, B, N, P, turned, *x.stride(), *cos.stride(), *out.stride(),
+        INTERLEAVED=interleaved, INVERSE=inverse, BLOCK_N=block_n, BLOCK_P=block_p,
+    )  # fmt: skip
     return out
 
 
