@@ -4,16 +4,17 @@
 #     bash bench/gpu_check.sh                          # a GPU machine (one H100): torch and timm installed
 #     DEVICE=cpu bash bench/gpu_check.sh               # the dry run: every step at tiny sizes on the CPU
 #     OUT=/some/folder PYTHON=.venv/bin/python bash bench/gpu_check.sh
-#     bash bench/gpu_check.sh benchmark                # the trained benchmark at ViT-Ti instead (budget 6 min)
-#     bash bench/gpu_check.sh probe                    # the rotation kernel, RoPE against APE (about 3 min)
+#     bash bench/gpu_check.sh benchmark                # the trained benchmark at ViT-Ti instead (see below)
+#     bash bench/gpu_check.sh probe                    # the rotation kernel, RoPE against APE (about 4 min)
 #
 # `benchmark` runs configs/protocol_fashion_gpu.yaml (docs/results.md's protocol, ViT-Ti) on the Fashion-MNIST IDX
-# files in data/fashion-mnist (git-ignored: copy them there and carry the folder to the GPU machine). The speed check
-# and the benchmark each fit one session's device time, not both: run the speed check where its figures are missing.
+# files in data/fashion-mnist (git-ignored: copy them there and carry the folder to the GPU machine), within
+# BENCH_BUDGET seconds (360): on one H100 (2026-11-27) its six models take about 12 minutes eager, so three run in one
+# call (docs/speed.md). The speed check and the benchmark each fill one session's device time, not both.
 # `probe` is the speed check's first steps (the rotation kernel alone, RoPE against APE eager) and our two models
-# compiled, short enough to run before `benchmark` in one session:
+# compiled, with the kernel and with PyTorch's rotation:
 #
-#     TOTAL_BUDGET=200 bash bench/gpu_check.sh probe; BENCH_BUDGET=350 bash bench/gpu_check.sh benchmark
+#     TOTAL_BUDGET=300 bash bench/gpu_check.sh probe
 #
 # It installs nothing but the wheels carried in .whl (git-ignored; e.g. timm>=1.0.31, which train.py needs and the
 # H100 image of 2026-11 lacks, with 1.0.29), into a private folder put first on PYTHONPATH:
@@ -166,6 +167,9 @@ step a_rope_eager 60 "$PYTHON" bench/throughput.py "${BENCH[@]}" --sizes "$SIZE"
 if [ "$MODE" = probe ]; then
     step a_ours_compiled 120 "$PYTHON" bench/throughput.py "${BENCH[@]}" --repeats $((REPEATS > 6 ? 6 : REPEATS)) \
         --sizes "$SIZE" --sections rope --compile --ours-only
+    # the same with PyTorch's rotation, which inductor can fuse into its neighbours (it does timm's: 0.91x APE)
+    step a_ours_compiled_torch 120 env VIT_ROPE_FUSED=torch "$PYTHON" bench/throughput.py "${BENCH[@]}" \
+        --repeats $((REPEATS > 6 ? 6 : REPEATS)) --sizes "$SIZE" --sections rope --compile --ours-only
     summary
     exit 0
 fi
