@@ -1,13 +1,13 @@
 """The memory instructions our Triton kernels compile to for an H100 (sm_90), from a CPU: how many bytes a load moves.
 
-    VIT_ROPE_FUSED=triton uv run python bench/kernel_ptx.py                      # every family, ViT-S at 224²
+    VIT_ROPE_FUSED=triton uv run python bench/kernel_ptx.py                      # every family, a ViT-S train step
     VIT_ROPE_FUSED=triton uv run python bench/kernel_ptx.py --families axial pape
 
 A memory-bound kernel is as fast as the bytes each of its load and store instructions moves: a warp of 16-byte
 accesses to adjacent addresses runs near the card's bandwidth, one of 2-byte accesses to every other address does
 not. On an H100 (2026-11-27, docs/speed.md) the pair kernel that read channels 2p and 2p + 1 with 2-byte loads took
 528 us a call, 8 % of a copy's speed, and 69 us once it read whole rows with 16-byte loads. That width is decided at
-compile time, so a CPU can show it: each family's forward is run once on the CPU with every kernel launch caught
+compile time, so a CPU can show it: a train step of each family is run once on the CPU with every kernel launch caught
 (not run) and its arguments kept; each launch is then compiled for sm_90 the way Triton's JIT compiles it on the
 GPU (the same specialisation of pointers' alignment and integers' divisibility by 16), and its PTX's global loads
 and stores are counted by width. Needs ``VIT_ROPE_FUSED=triton`` (the path a CUDA tensor takes); Triton's own
@@ -72,6 +72,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--families", nargs="+", default=[f for f in sorted(FAMILIES) if f != "videorope"])
     p.add_argument("--size", type=int, default=224)
+    # (each launch of a train step's forward and backward is compiled: the backward's turn back is the same kernel)
     args = p.parse_args()
     if kernels.FUSED != "triton":
         raise SystemExit("set VIT_ROPE_FUSED=triton: the kernels are launched for CPU tensors only then")
@@ -80,18 +81,25 @@ def main() -> None:
     for name in KERNELS:
         setattr(kernels, name, Caught(getattr(kernels, name), launches))
     for family in args.families:
-        model = timm.create_model("vit_rope_small", pos_embed=family, img_size=args.size, depth=1).eval()
+        model = timm.create_model("vit_rope_small", pos_embed=family, img_size=args.size, depth=1)
         x = torch.randn(2, 3, args.size, args.size)
-        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
-            launches.clear()
-            model(x)
+        launches.clear()
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # a train step: the backward's launches too
+            loss = model(x).float().sum()
+        forward = len(launches)
+        try:
+            loss.backward()
+        except RuntimeError as e:  # the caught launches wrote nothing: a backward that checks values may refuse
+            print(f"{family:11s} the forward's launches only (its backward refused unwritten values: {str(e)[:60]})")
         if not launches:
             print(f"{family:11s} no kernel (attention takes a bias)")
-        for kernel, a, kw in launches:
+        for index, (kernel, a, kw) in enumerate(launches):
             counts = memory_instructions(compile_for_h100(kernel, a, kw))
             moved = sum(int(k.split()[1]) * v for k, v in counts.items()) / max(1, sum(counts.values()))
             shown = ", ".join(f"{v} x {k}" for k, v in sorted(counts.items()))
-            print(f"{family:11s} {kernel.fn.__name__:20s} {moved:5.1f} B an access  ({shown})")
+            when = "forward" if index < forward else "backward"
+            print(f"{family:11s} {when:8s} {kernel.fn.__name__:20s} {moved:5.1f} B an access  ({shown})")
+
 
 if __name__ == "__main__":
     main()

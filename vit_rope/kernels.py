@@ -151,14 +151,17 @@ if triton is not None:
     @triton.jit
     def _turn_blocks_kernel(
         x_ptr, r_ptr, out_ptr,
-        B, N, NB, BS, D, turned,
+        B, N, NB, D, turned,
         xs_s, xs_b, xs_h, xs_n, xs_d,
-        rs_b, rs_h, rs_n, rs_j, rs_i, rs_k,
+        rs_b, rs_h, rs_n, rs_j, rs_i: tl.constexpr, rs_k,
         os_s, os_b, os_h, os_n, os_d,
+        BS: tl.constexpr, TRANSPOSE: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_R: tl.constexpr,
     ):  # fmt: skip
         # one program: BLOCK_N tokens of one head of one sample of one of q, k, v (s); channel j·b + i is entry i of
-        # block j; y_ji = Σ_k R_jik x_jk (the strides of R swapped for Rᵀ); channels past the last block are copied
+        # block j; y_ji = Σ_k R_jik x_jk, or by Rᵀ: y_jk = Σ_i R_jik x_ji; channels past the last block are copied.
+        # R is read in its own layout either way and the block size is a compile-time constant, so the entries of a
+        # block's row are read 16 bytes at a time (runtime sizes and swapped strides gave 2-4 bytes: docs/speed.md)
         pid_n, h, sb = _ids()
         s, b = sb // B, sb % B
         n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)[:, None, None]  # (BLOCK_N, 1, 1)
@@ -168,11 +171,12 @@ if triton is not None:
         x = x_ptr + s * xs_s + b * xs_b + h * xs_h
         out = out_ptr + s * os_s + b * os_b + h * os_h
         xb = tl.load(x + n * xs_n + (j * BS + i) * xs_d, mask=mask, other=0.0).to(tl.float32)  # (BLOCK_N, J, B)
+        k = tl.arange(0, BLOCK_B)[None, None, None, :]  # (1, 1, 1, BLOCK_B)
         r = r_ptr + b * rs_b + h * rs_h + n[:, :, :, None] * rs_n + j[:, :, :, None] * rs_j
-        r = r + i[:, :, :, None] * rs_i + tl.arange(0, BLOCK_B)[None, None, None, :] * rs_k
-        kmask = mask[:, :, :, None] & (tl.arange(0, BLOCK_B)[None, None, None, :] < BS)
-        R = tl.load(r, mask=kmask, other=0.0).to(tl.float32)  # (BLOCK_N, J, B, B): R[n, j, i, k]
-        y = tl.sum(R * xb[:, :, None, :], axis=3)
+        r = r + i[:, :, :, None] * rs_i + k * rs_k
+        R = tl.load(r, mask=mask[:, :, :, None] & (k < BS), other=0.0).to(tl.float32)  # (BLOCK_N, J, B, B): R_jik
+        # by Rᵀ: y_jk = Σ_i R_jik x_ji, laid out as x is (the last axis: the entry within the block)
+        y = tl.sum(R * xb[:, :, :, None], axis=2) if TRANSPOSE else tl.sum(R * xb[:, :, None, :], axis=3)
         on = ((turned >> s) & 1) == 1  # this one of q, k, v turns; the others are copied
         y = tl.where(on, y, xb)
         tl.store(out + n * os_n + (j * BS + i) * os_d, y, mask=mask)
@@ -291,17 +295,15 @@ def turn_blocks(x: Tensor, blocks: Tensor, turned: int, transpose: bool) -> Tens
     count, size = blocks.shape[-3], blocks.shape[-1]
     block_j, block_b = triton.next_power_of_2(count), triton.next_power_of_2(size)
     block_n = max(1, min(32, 4096 // (block_j * block_b * block_b)))
-    rs = list(blocks.stride())
-    if transpose:
-        rs[-1], rs[-2] = rs[-2], rs[-1]
 
     def grid(meta):
         return (triton.cdiv(N, meta["BLOCK_N"]), H, S * B)
 
     kernel = torch.library.wrap_triton(_turn_blocks_kernel) if x.device.type == "cuda" else _turn_blocks_kernel
     kernel[grid](
-        x, blocks, out, B, N, count, size, D, turned, *x.stride(), *rs, *out.stride(),
-        BLOCK_N=block_n, BLOCK_J=block_j, BLOCK_B=block_b, BLOCK_R=max(1, triton.next_power_of_2(D - count * size)),
+        x, blocks, out, B, N, count, D, turned, *x.stride(), *blocks.stride(), *out.stride(),
+        BS=size, TRANSPOSE=transpose, BLOCK_N=block_n, BLOCK_J=block_j, BLOCK_B=block_b,
+        BLOCK_R=max(1, triton.next_power_of_2(D - count * size)),
     )  # fmt: skip
     return out
 
@@ -499,7 +501,9 @@ if triton is not None:
         query, key = _pape_token_columns(p, A, beta, j, AX, BLOCK_N, BLOCK_J)
         query = tl.where(n >= PREFIX, query, 0.0)
         key = tl.where(n >= PREFIX, key, 0.0)
-        out = out_ptr + b * os_b + h * os_h + n * os_n
+        # out is ours, contiguous, its width a multiple of 8 (pape_width): every row starts 16 bytes aligned, which
+        # Triton cannot prove from strides that are not multiples of 16, so the stores are told (else 2 bytes a store)
+        out = out_ptr + tl.multiple_of(b * os_b + h * os_h + n * os_n, [8, 1])
         tl.store(out + d, q, mask=dmask)
         tl.store(out + os_s + d, k, mask=dmask)
         tl.store(out + os_s + os_s + d, v, mask=dmask)
