@@ -11,7 +11,8 @@ compile time, so a CPU can show it: a train step of each family is run once on t
 (not run) and its arguments kept; each launch is then compiled for sm_90 the way Triton's JIT compiles it on the
 GPU (the same specialisation of pointers' alignment and integers' divisibility by 16), and its PTX's global loads
 and stores are counted by width. Needs ``VIT_ROPE_FUSED=triton`` (the path a CUDA tensor takes); Triton's own
-``ptxas`` ships with it. Triton's compiler internals change between versions: written against Triton 3.9.
+``ptxas`` ships with it. It uses Triton's compiler internals, which change between versions: it runs under Triton
+3.9 (torch 2.15) and 3.6 (torch 2.11, the GPU machines').
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from vit_rope import kernels
 from vit_rope.families import FAMILIES
 
 KERNELS = ("_turn_pairs_kernel", "_turn_blocks_kernel", "_pape_kernel")
-WIDTH = {"b8": 1, "b16": 2, "b32": 4, "b64": 8, "u8": 1, "u16": 2, "u32": 4, "u64": 8, "f32": 4, "f16": 2}
+WIDTH = {f"{t}{bits}": bits // 8 for t in "bfsu" for bits in (8, 16, 32, 64)}
 
 
 class Caught:
@@ -63,42 +64,60 @@ def compile_for_h100(kernel, args: tuple, kwargs: dict) -> str:
 def memory_instructions(ptx: str) -> Counter:
     """Global loads and stores by kind and bytes an access: ``ld.global.v4.b32`` is a 16-byte load."""
     counts = Counter()
-    for op, vec, kind in re.findall(r"\b(ld|st)\.global(?:\.[a-z]+)*?(?:\.v(\d))?\.([bfu]\d+)\b", ptx):
+    # ld.global[.qualifiers such as nc or L1::evict_last][.v2 | .v4].<type><bits>
+    for op, vec, kind in re.findall(r"\b(ld|st)\.global(?:\.[\w:]+?)*?(?:\.v(\d))?\.([bfsu]\d+)\b", ptx):
         counts[f"{op} {int(vec or 1) * WIDTH[kind]:2d} B"] += 1
     return counts
+
+
+def train_step_launches(family: str, size: int = 224) -> tuple[list, int, str | None]:
+    """The kernel launches of one train step of a one-block ViT-S of ``family`` under bf16 autocast, caught, not run:
+    ``(kernel, args, kwargs)`` each, how many of them the forward made, and why the backward stopped (None: it did
+    not). Needs ``kernels.FUSED == "triton"`` (the path a CUDA tensor takes)."""
+    if kernels.FUSED != "triton":
+        raise SystemExit("set VIT_ROPE_FUSED=triton: the kernels are launched for CPU tensors only then")
+    launches: list = []
+    real = {name: getattr(kernels, name) for name in KERNELS}
+    for name, kernel in real.items():
+        setattr(kernels, name, Caught(kernel, launches))
+    try:
+        model = timm.create_model("vit_rope_small", pos_embed=family, img_size=size, depth=1)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(torch.randn(2, 3, size, size)).float().sum()
+        forward, stopped = len(launches), None
+        try:
+            loss.backward()
+        except RuntimeError as e:  # the caught launches wrote nothing: a backward that checks values may refuse
+            stopped = str(e)
+    finally:
+        for name, kernel in real.items():
+            setattr(kernels, name, kernel)
+    return launches, forward, stopped
+
+
+def bytes_an_access(counts: Counter) -> float:
+    """The mean bytes a global load or store moves."""
+    return sum(int(k.split()[1]) * v for k, v in counts.items()) / max(1, sum(counts.values()))
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--families", nargs="+", default=[f for f in sorted(FAMILIES) if f != "videorope"])
     p.add_argument("--size", type=int, default=224)
-    # (each launch of a train step's forward and backward is compiled: the backward's turn back is the same kernel)
     args = p.parse_args()
-    if kernels.FUSED != "triton":
-        raise SystemExit("set VIT_ROPE_FUSED=triton: the kernels are launched for CPU tensors only then")
-
-    launches: list = []
-    for name in KERNELS:
-        setattr(kernels, name, Caught(getattr(kernels, name), launches))
     for family in args.families:
-        model = timm.create_model("vit_rope_small", pos_embed=family, img_size=args.size, depth=1)
-        x = torch.randn(2, 3, args.size, args.size)
-        launches.clear()
-        with torch.autocast("cpu", dtype=torch.bfloat16):  # a train step: the backward's launches too
-            loss = model(x).float().sum()
-        forward = len(launches)
-        try:
-            loss.backward()
-        except RuntimeError as e:  # the caught launches wrote nothing: a backward that checks values may refuse
-            print(f"{family:11s} the forward's launches only (its backward refused unwritten values: {str(e)[:60]})")
+        launches, forward, stopped = train_step_launches(family, args.size)
+        if stopped:
+            print(f"{family:11s} the forward's launches only (its backward refused unwritten values: {stopped[:60]})")
         if not launches:
             print(f"{family:11s} no kernel (attention takes a bias)")
         for index, (kernel, a, kw) in enumerate(launches):
             counts = memory_instructions(compile_for_h100(kernel, a, kw))
-            moved = sum(int(k.split()[1]) * v for k, v in counts.items()) / max(1, sum(counts.values()))
             shown = ", ".join(f"{v} x {k}" for k, v in sorted(counts.items()))
             when = "forward" if index < forward else "backward"
-            print(f"{family:11s} {when:8s} {kernel.fn.__name__:20s} {moved:5.1f} B an access  ({shown})")
+            print(
+                f"{family:11s} {when:8s} {kernel.fn.__name__:20s} {bytes_an_access(counts):5.1f} B an access  ({shown})"
+            )
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import time
 
 import torch
 from einops import rearrange
+from torch import Tensor
 
 from vit_rope import kernels
 
@@ -40,6 +41,37 @@ def timed(fn, device: torch.device, repeats: int) -> float:
     return (time.perf_counter() - t0) * 1e3 / repeats
 
 
+def calls(qkv: Tensor, heads: int) -> dict:
+    """What is timed, on a qkv projection ``(B, N, 3 · heads · dim)``: each a call of no arguments."""
+    B, N, D = qkv.shape[0], qkv.shape[1], qkv.shape[2] // (3 * heads)
+    x = rearrange(qkv, "b n (three h d) -> three b h n d", three=3, h=heads)  # a view, as attention takes it
+    g = torch.Generator(device=qkv.device).manual_seed(1)
+    shape = (B, heads, N, D // 2)
+    angles = torch.rand(N, D // 2, device=qkv.device, generator=g) * 100
+    cos, sin = angles.cos().expand(shape), angles.sin().expand(shape)  # one table for every sample and head
+    per_head = torch.rand(heads, N, D // 2, device=qkv.device, generator=g) * 100
+    cos_h, sin_h = per_head.cos().expand(shape), per_head.sin().expand(shape)  # a table a head (RoPE-Mixed)
+    leaf, grad = qkv.detach().requires_grad_(), torch.randn_like(x)
+
+    def copy_both_ways():
+        rearrange(leaf, "b n (three h d) -> three b h n d", three=3, h=heads).clone().backward(grad)
+
+    def turn_both_ways():
+        y = rearrange(leaf, "b n (three h d) -> three b h n d", three=3, h=heads)
+        kernels.turn_pairs(y, cos, sin, 0b011, True, False).backward(grad)
+
+    return {
+        "copy (the floor)": lambda: torch.empty_like(x).copy_(x),
+        "kernel, interleaved pairs": lambda: kernels.turn_pairs(x, cos, sin, 0b011, True, False),
+        "kernel, half layout": lambda: kernels.turn_pairs(x, cos, sin, 0b011, False, False),
+        "kernel, a table a head": lambda: kernels.turn_pairs(x, cos_h, sin_h, 0b011, True, False),
+        "kernel, the turn back": lambda: kernels.turn_pairs(x, cos, sin, 0b011, True, True),
+        "PyTorch ops, interleaved": lambda: kernels._turn_pairs_torch(x, cos, sin, 0b011, True, False),
+        "copy, forward and backward": copy_both_ways,
+        "kernel, forward and backward": turn_both_ways,
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cpu")
@@ -53,53 +85,22 @@ def main() -> None:
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     B, N, H, D = args.batch, args.tokens, args.heads, args.head_dim
     repeats = args.repeats if device.type == "cuda" else max(1, args.repeats // 25)
-
     g = torch.Generator(device=device).manual_seed(0)
     qkv = torch.randn(B, N, 3 * H * D, device=device, dtype=dtype, generator=g)  # the projection's output
-    x = rearrange(qkv, "b n (three h d) -> three b h n d", three=3, h=H)  # a view, as attention takes it
-    angles = torch.rand(N, D // 2, device=device, generator=g) * 100
-    shape = (B, H, N, D // 2)
-    cos, sin = angles.cos().expand(shape), angles.sin().expand(shape)  # one table for every sample and head
-    heads = torch.rand(H, N, D // 2, device=device, generator=g) * 100
-    cos_h, sin_h = heads.cos().expand(shape), heads.sin().expand(shape)  # a table a head (RoPE-Mixed)
-    moved = 2 * x.numel() * x.element_size()  # read once, written once
-
+    moved = 2 * qkv.numel() * qkv.element_size()  # read once, written once
     print(
         f"{torch.cuda.get_device_name(device) if device.type == 'cuda' else 'CPU'}, torch {torch.__version__}, "
         f"{args.dtype}, q k v of (B {B}, heads {H}, N {N}, dim {D}) in the qkv projection's layout "
         f"({moved / 2**20:.0f} MiB moved), kernels.FUSED={kernels.FUSED}, {repeats} calls each"
     )
-    calls = {
-        "copy (the floor)": lambda: torch.empty_like(x).copy_(x),
-        "kernel, interleaved pairs": lambda: kernels.turn_pairs(x, cos, sin, 0b011, True, False),
-        "kernel, half layout": lambda: kernels.turn_pairs(x, cos, sin, 0b011, False, False),
-        "kernel, a table a head": lambda: kernels.turn_pairs(x, cos_h, sin_h, 0b011, True, False),
-        "kernel, the turn back": lambda: kernels.turn_pairs(x, cos, sin, 0b011, True, True),
-        "PyTorch ops, interleaved": lambda: kernels._turn_pairs_torch(x, cos, sin, 0b011, True, False),
-    }
-    leaf = qkv.detach().requires_grad_()
-    grad = torch.randn_like(x)
-
-    def copy_both_ways():
-        y = rearrange(leaf, "b n (three h d) -> three b h n d", three=3, h=H).clone()
-        y.backward(grad)
-
-    def turn_both_ways():
-        y = kernels.turn_pairs(rearrange(leaf, "b n (three h d) -> three b h n d", three=3, h=H), cos, sin, 3, True,
-                               False)  # fmt: skip
-        y.backward(grad)
-
-    calls["copy, forward and backward"] = copy_both_ways
-    calls["kernel, forward and backward"] = turn_both_ways
-
     floor = {}
-    for name, fn in calls.items():
+    for name, fn in calls(qkv, H).items():
         ms = timed(fn, device, repeats)
+        both = "backward" in name
         if name.startswith("copy"):
-            floor["both" if "backward" in name else "one"] = ms
-        base = floor["both" if "backward" in name else "one"]
-        rate = moved * (2 if "backward" in name else 1) / ms / 1e6
-        print(f"{name:32s} {ms * 1e3:9.1f} us  {rate:7.0f} GB/s  copy/this {base / ms:5.2f}")
+            floor[both] = ms
+        rate = moved * (2 if both else 1) / ms / 1e6
+        print(f"{name:32s} {ms * 1e3:9.1f} us  {rate:7.0f} GB/s  copy/this {floor[both] / ms:5.2f}")
 
 
 if __name__ == "__main__":
