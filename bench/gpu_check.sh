@@ -214,7 +214,8 @@ else
 fi
 
 # ---------------- h. where a compiled forward's time goes: the kernels of ours RoPE and APE, forward and train step
-# (2026-11-27, one H100: compiled, our RoPE forward ran at 0.49x APE's and 0.54x timm's RoPE ViT, the train step 0.85x)
+# (2026-11-27, one H100, after the pair kernel's row loads: compiled, our RoPE forward ran at 0.87x APE's, a train step
+# at 0.90x; docs/speed.md)
 step h_profile 120 "$PYTHON" bench/throughput.py --device "$DEVICE" --dtype "$DTYPE" --batch "$BATCH" --sizes "$SIZE" \
     "${DEPTH[@]}" --profile --compile
 
