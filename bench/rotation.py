@@ -8,6 +8,8 @@ A rotation of q and k (v copied) reads the projection once and writes it once, a
 rotation costs beyond moving the bytes. Timed, each in the op the models call (``kernels.turn_pairs``): both layouts,
 a per-head table (RoPE-Mixed's), the turn back (VO-RoPE's output, and the backward of every turn), a forward and
 backward against a copy's; and the same arithmetic in PyTorch ops (``VIT_ROPE_FUSED=torch``'s path) for scale.
+Each figure is the mean of eager calls, launch costs on the CPU included: a row of several kernels (the forward and
+backward) can be bound by them rather than by the GPU.
 """
 
 from __future__ import annotations
@@ -53,12 +55,14 @@ def calls(qkv: Tensor, heads: int) -> dict:
     cos_h, sin_h = per_head.cos().expand(shape), per_head.sin().expand(shape)  # a table a head (RoPE-Mixed)
     leaf, grad = qkv.detach().requires_grad_(), torch.randn_like(x)
 
+    # the gradient returned, not accumulated into leaf.grad (which would add a pass a call)
     def copy_both_ways():
-        rearrange(leaf, "b n (three h d) -> three b h n d", three=3, h=heads).clone().backward(grad)
+        y = rearrange(leaf, "b n (three h d) -> three b h n d", three=3, h=heads).clone()
+        torch.autograd.grad(y, leaf, grad)
 
     def turn_both_ways():
         y = rearrange(leaf, "b n (three h d) -> three b h n d", three=3, h=heads)
-        kernels.turn_pairs(y, cos, sin, 0b011, True, False).backward(grad)
+        torch.autograd.grad(kernels.turn_pairs(y, cos, sin, 0b011, True, False), leaf, grad)
 
     return {
         "copy (the floor)": lambda: torch.empty_like(x).copy_(x),

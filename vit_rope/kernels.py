@@ -501,18 +501,22 @@ if triton is not None:
         query, key = _pape_token_columns(p, A, beta, j, AX, BLOCK_N, BLOCK_J)
         query = tl.where(n >= PREFIX, query, 0.0)
         key = tl.where(n >= PREFIX, key, 0.0)
-        # out is ours, contiguous, its width a multiple of 8 (pape_width): every row starts 16 bytes aligned, which
-        # Triton cannot prove from strides that are not multiples of 16, so the stores are told (else 2 bytes a store)
-        out = out_ptr + tl.multiple_of(b * os_b + h * os_h + n * os_n, [8, 1])
-        tl.store(out + d, q, mask=dmask)
-        tl.store(out + os_s + d, k, mask=dmask)
-        tl.store(out + os_s + os_s + d, v, mask=dmask)
-        _store_pape_columns(out + D + j, out + os_s + D + j, query, key, E, nmask & (j < E), HALF)
+        # out is ours, contiguous, its width a multiple of 8 (pape_width): every row of q', k' and v' starts at a
+        # multiple of 8 elements, which Triton cannot prove from strides that are not multiples of 16, so the stores
+        # are told (else 2 bytes a store)
+        row = b * os_b + h * os_h + n * os_n
+        q_out = out_ptr + tl.multiple_of(row, [8, 8])
+        k_out = out_ptr + tl.multiple_of(row + os_s, [8, 8])
+        v_out = out_ptr + tl.multiple_of(row + 2 * os_s, [8, 8])
+        tl.store(q_out + d, q, mask=dmask)
+        tl.store(k_out + d, k, mask=dmask)
+        tl.store(v_out + d, v, mask=dmask)
+        _store_pape_columns(q_out + D + j, k_out + D + j, query, key, E, nmask & (j < E), HALF)
         w = tl.arange(0, BLOCK_W)[None, :]
         zeros = tl.zeros((BLOCK_N, BLOCK_W), dtype=tl.float32)
-        tl.store(out + w, zeros, mask=nmask & (w >= USED) & (w < W))
-        tl.store(out + os_s + w, zeros, mask=nmask & (w >= USED) & (w < W))
-        tl.store(out + os_s + os_s + w, zeros, mask=nmask & (w >= D) & (w < W))
+        tl.store(q_out + w, zeros, mask=nmask & (w >= USED) & (w < W))
+        tl.store(k_out + w, zeros, mask=nmask & (w >= USED) & (w < W))
+        tl.store(v_out + w, zeros, mask=nmask & (w >= D) & (w < W))
 
 
 @torch.library.triton_op("vit_rope::pape_qkv", mutates_args=())
