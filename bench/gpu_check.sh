@@ -34,7 +34,10 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 DEVICE=${DEVICE:-cuda}
 MODE=${1:-speed}
-case "$MODE" in speed | benchmark | probe) ;; *) echo "usage: bash bench/gpu_check.sh [speed|benchmark|probe]" >&2; exit 2 ;; esac
+case "$MODE" in
+    speed | benchmark | probe) ;;
+    *) echo "usage: bash bench/gpu_check.sh [speed|benchmark|probe]" >&2; exit 2 ;;
+esac
 OUT=${OUT:-/tmp/gpu_check}
 PYTHON=${PYTHON:-$(command -v python || command -v python3)}
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"  # the package from this checkout, installed or not
@@ -165,11 +168,11 @@ step a_rope_eager 60 "$PYTHON" bench/throughput.py "${BENCH[@]}" --sizes "$SIZE"
 
 # ----------------------- `probe`: our two models compiled, then nothing else (the rest is the speed check's)
 if [ "$MODE" = probe ]; then
-    step a_ours_compiled 120 "$PYTHON" bench/throughput.py "${BENCH[@]}" --repeats $((REPEATS > 6 ? 6 : REPEATS)) \
-        --sizes "$SIZE" --sections rope --compile --ours-only
-    # the same with PyTorch's rotation, which inductor can fuse into its neighbours (it does timm's: 0.91x APE)
-    step a_ours_compiled_torch 120 env VIT_ROPE_FUSED=torch "$PYTHON" bench/throughput.py "${BENCH[@]}" \
-        --repeats $((REPEATS > 6 ? 6 : REPEATS)) --sizes "$SIZE" --sections rope --compile --ours-only
+    # with the kernel (auto), then with PyTorch's rotation, which inductor can fuse (it does timm's: 0.91x APE)
+    for path in auto torch; do
+        step "a_ours_compiled_$path" 120 env VIT_ROPE_FUSED=$path "$PYTHON" bench/throughput.py "${BENCH[@]}" \
+            --repeats $((REPEATS > 6 ? 6 : REPEATS)) --sizes "$SIZE" --sections rope --compile --ours-only
+    done
     summary
     exit 0
 fi
