@@ -8,8 +8,10 @@ import os
 import pathlib
 import struct
 import zlib
+from dataclasses import replace
 
 import pytest
+import torch
 
 import train
 from tests.test_train import make_folder, make_imagefolder
@@ -168,3 +170,23 @@ def test_a_data_dir_that_is_a_file_is_named_as_one(tmp_path):
     with pytest.raises(SystemExit, match=r"data' is a file, not a folder; imagefolder needs") as stop:
         train.main(run_on(tmp_path / "data", tmp_path))
     one_line(stop)
+
+
+@pytest.mark.parametrize("vflip", [0.0, 1.0])
+def test_vertical_flips_and_no_colour_jitter_reach_the_training_transform(vflip):
+    # whole images (--scale 1 1), no horizontal flips and no jitter: the training transform is the evaluation one,
+    # turned upside down where --vflip is 1 (ELPV's recipe flips cells both ways; their brightness is the signal)
+    from PIL import Image
+
+    from vit_rope.training import data
+
+    s, _ = train.parse_config(["--aug", "--scale", "1", "1", "--hflip", "0", "--vflip", str(vflip),
+                               "--color-jitter", "0"])  # fmt: skip
+    rows = torch.linspace(0, 255, 30).round().to(torch.uint8)[:, None].expand(30, 30)
+    img = Image.fromarray(torch.stack([rows, rows.T, 255 - rows], -1).numpy())
+    norm = dict(mean=(0.5,) * 3, std=(0.5,) * 3)
+    train_tf, eval_tf = data.image_transforms(replace(s, img_size=20), norm)
+    want = eval_tf(20)(img)
+    got = train_tf(img)
+    assert torch.allclose(got, want.flip(1) if vflip else want, atol=1e-6)
+    assert not torch.allclose(want.flip(1), want)  # (the image is not symmetric: a flip would show)

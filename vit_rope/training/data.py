@@ -437,6 +437,8 @@ def train_transform(settings, dc: dict, size: int) -> Callable:
         is_training=True,
         no_aug=not settings.aug,
         hflip=settings.hflip,
+        vflip=settings.vflip,
+        color_jitter=settings.color_jitter,
         scale=settings.scale,
         auto_augment=settings.auto_augment,
         interpolation="bicubic",

@@ -56,6 +56,8 @@ def naflex_loader(
         mixup_fn=mixup,
         no_aug=not settings.aug,
         hflip=settings.hflip,
+        vflip=settings.vflip,
+        color_jitter=settings.color_jitter,
         scale=settings.scale,
         auto_augment=settings.auto_augment,
         seed=settings.seed,

@@ -129,6 +129,11 @@ class Settings:
     aug: bool = setting(True, "random-resized crops and flips when training (--no-aug: none)", recipe=True, data=True)
     hflip: float = setting(0.5, "horizontal flip probability", check=between(0, 1), must="in [0, 1]", recipe=True,
                            data=True)  # fmt: skip
+    vflip: float = setting(0.0, "vertical flip probability", check=between(0, 1), must="in [0, 1]", recipe=True,
+                           data=True)  # fmt: skip
+    color_jitter: float = setting(0.4, "colour jitter: brightness, contrast and saturation each scaled by a factor "
+                                  "drawn from [1 - x, 1 + x] (0: off)", check=at_least(0), must="at least 0",
+                                  recipe=True, data=True)  # fmt: skip
     scale: tuple[float, float] = setting((0.08, 1.0), "random-resized-crop area range: a b with 0 < a <= b <= 1",
                                          check=lambda v: len(v) == 2 and 0 < v[0] <= v[1] <= 1,
                                          must="two numbers a b with 0 < a <= b <= 1", recipe=True,
