@@ -226,7 +226,9 @@ def log_epoch(out: Path, run: Run, row: dict) -> None:
 def evaluate_resolutions(run: Run, model, data: Data, modes: list[str], device) -> list[dict]:
     """One result row per eval size, protocol and RoPE scaling mode."""
     settings, params = run.settings, sum(p.numel() for p in model.parameters())
-    rows, forward = [], compiled(model, settings)
+    # eager even with --compile: each (size, mode) cell is one pass over the test set, and each would be a graph of
+    # its own (a size is a shape, a mode a branch): compiling them cost more than it saved
+    rows, forward = [], model
     bar = dict(desc=f"{run.tag} eval", disable=None if rank_world()[0] == 0 else True, leave=False)
     for protocol, size, mode in tqdm(eval_jobs(settings, modes), **bar):
         if mode != "-":
@@ -273,8 +275,8 @@ def finetune(run: Run, model: torch.nn.Module, data: Data, tuned: list[str], dev
             job = replace(run, settings=ft, tag=f"{run.tag} finetune {size}px {mode}")
             loader = finetune_loader(data.train_at(size), ft, size)
             loss, _ = train_one_epoch(tuned_model, compiled(ddp, ft), loader, training, job, 0, device)
-            r = validate(compiled(tuned_model, ft), make_loader(data.eval_set(size, "resize"), settings, False, 0),
-                         device, settings.amp)  # fmt: skip
+            r = validate(tuned_model, make_loader(data.eval_set(size, "resize"), settings, False, 0), device,
+                         settings.amp)  # one pass: eager, as evaluate_resolutions  # fmt: skip
             rows.append(
                 dict(model=run.model, recipe=run.recipe, seed=run.seed, train_size=settings.img_size, eval_size=size,
                      protocol=FINETUNE, rope_scaling=mode, top1=round(r["top1"], 2), top5=round(r["top5"], 2),

@@ -10,7 +10,10 @@
 # `benchmark` runs configs/protocol_fashion_gpu.yaml (docs/results.md's protocol, ViT-Ti) on the Fashion-MNIST IDX
 # files in data/fashion-mnist (git-ignored: copy them there and carry the folder to the GPU machine), within
 # BENCH_BUDGET seconds (360): on one H100 (2026-11-27) its six models take about 12 minutes eager, so three run in one
-# call (docs/speed.md). The speed check and the benchmark each fill one session's device time, not both.
+# call (docs/speed.md). The speed check and the benchmark each fill one session's device time, not both. BENCH_ARGS
+# adds train.py flags, e.g. the levers not yet timed on a GPU (the step is launch-bound, ~40 ms of ~2 ms arithmetic):
+#
+#     BENCH_ARGS="--models vit_ape_tiny vit_rope_tiny --compile" bash bench/gpu_check.sh benchmark
 # `probe` is the speed check's first steps (the rotation kernel alone, RoPE against APE eager) and our two models
 # compiled, with the kernel and with PyTorch's rotation:
 #
@@ -150,7 +153,7 @@ if [ "$MODE" = benchmark ]; then
         [ "$DRY" = 1 ] && SMALL=(--train-subset 256 --val-subset 64 --epochs 1 --batch-size 32 --workers 0
                                  --model-kwargs patch_size=2 depth=1 embed_dim=32 num_heads=2 --finetune-steps 2)
         step g_benchmark "${BENCH_BUDGET:-360}" "$PYTHON" train.py --config configs/protocol_fashion_gpu.yaml \
-            --data-dir "$DATA" --device "$DEVICE" "${SMALL[@]}" --output "$OUT/benchmark" --overwrite
+            --data-dir "$DATA" --device "$DEVICE" "${SMALL[@]}" ${BENCH_ARGS:-} --output "$OUT/benchmark" --overwrite
         [ -f "$OUT/benchmark/results.md" ] && cat "$OUT/benchmark/results.md"
     fi
     summary

@@ -1,6 +1,7 @@
 """train.py end to end on tiny settings: outputs, resume after SIGKILL, torchrun, fine-tuning, errors."""
 
 import csv
+import functools
 import json
 import math
 import os
@@ -365,6 +366,28 @@ def test_compile_trains_and_evaluates_as_eager(tmp_path):
     assert yaml.safe_load((tmp_path / "compiled" / "config.yaml").read_text())["compile"] is True
     assert yaml.safe_load((tmp_path / "eager" / "config.yaml").read_text())["compile"] is False
     assert train.main(["--output", str(tmp_path / "eager"), "--resume", "--compile"]) == eager
+
+
+def test_compile_compiles_no_graph_for_the_evaluation_grid(tmp_path, monkeypatch):
+    """With --compile every evaluation cell (a size under a scaling mode, one pass over the test set) was a graph of
+    its own: a size is a shape, a mode a branch. The protocol's 4 sizes under 5 modes compiled 16 graphs a model (82
+    for five models, CPU, 2026-11-27), on a GPU longer than evaluating them eagerly. The cells now run eagerly: the
+    graphs compiled are the training's, the validation's and the fine-tunings', however large the grid. The backend
+    is Dynamo's alone (``eager``): what is compiled and when is Dynamo's decision."""
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    graphs = []
+    for sizes in (["14"], ["8", "14", "28", "56"]):
+        torch._dynamo.reset()  # (a model of the same class and settings would reuse the first run's graphs)
+        counters.clear()
+        train.main([*TINY, "--models", "vit_rope_tiny", "--img-size", "14", "--model-kwargs", "patch_size=2",
+                    "depth=1", "embed_dim=32", "num_heads=2", "--epochs", "1", "--train-samples", "64",
+                    "--eval-sizes", *sizes, "--rope-scaling", "none", "pi", "ntk", "yarn", "normalized",
+                    "--finetune-sizes", "28", "--finetune-steps", "2", "--no-native-eval", "--compile",
+                    "--output", str(tmp_path / f"{len(sizes)}")])  # fmt: skip
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs[0] == graphs[1] >= 2, graphs  # (the training step and the validation at least)
 
 
 class Killed(BaseException):

@@ -200,8 +200,10 @@ class Settings:
                         check=between(0, 2**31 - 1), must="in [0, 2**31 - 1]")  # fmt: skip
     device: str = setting("auto", "auto, cpu, cuda, cuda:N or mps", resume=APPLIES)
     amp: bool = setting(False, "bfloat16 autocast")
-    compile: bool = setting(False, "torch.compile the model for the training and evaluation forward passes (the "
-                            "weights saved are the uncompiled module's)", resume=APPLIES)  # fmt: skip
+    compile: bool = setting(False, "torch.compile the training steps (fine-tuning's too) and each epoch's validation "
+                            "(the weights saved are the uncompiled module's; the evaluation at --eval-sizes runs "
+                            "eagerly: each size and mode is one pass, and would be a graph of its own)",
+                            resume=APPLIES)  # fmt: skip
 
     def __post_init__(self) -> None:
         for f in fields(self):
