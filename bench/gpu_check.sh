@@ -14,6 +14,9 @@
 # adds train.py flags, e.g. the levers not yet timed on a GPU (the step is launch-bound, ~40 ms of ~2 ms arithmetic):
 #
 #     BENCH_ARGS="--models vit_ape_tiny vit_rope_tiny --compile" bash bench/gpu_check.sh benchmark
+#
+# `levers` times those levers on that config's axial RoPE, two epochs each (the first holds compiling, the second is
+# the steady state), no evaluation: eager and --compile, at batch 256 (the config's) and 1024 (about 5 minutes).
 # `probe` is the speed check's first steps (the rotation kernel alone, RoPE against APE eager) and our two models
 # compiled, with the kernel and with PyTorch's rotation:
 #
@@ -38,8 +41,8 @@ ROOT=$PWD
 DEVICE=${DEVICE:-cuda}
 MODE=${1:-speed}
 case "$MODE" in
-    speed | benchmark | probe) ;;
-    *) echo "usage: bash bench/gpu_check.sh [speed|benchmark|probe]" >&2; exit 2 ;;
+    speed | benchmark | probe | levers) ;;
+    *) echo "usage: bash bench/gpu_check.sh [speed|benchmark|probe|levers]" >&2; exit 2 ;;
 esac
 OUT=${OUT:-/tmp/gpu_check}
 PYTHON=${PYTHON:-$(command -v python || command -v python3)}
@@ -155,6 +158,32 @@ if [ "$MODE" = benchmark ]; then
         step g_benchmark "${BENCH_BUDGET:-360}" "$PYTHON" train.py --config configs/protocol_fashion_gpu.yaml \
             --data-dir "$DATA" --device "$DEVICE" "${SMALL[@]}" ${BENCH_ARGS:-} --output "$OUT/benchmark" --overwrite
         [ -f "$OUT/benchmark/results.md" ] && cat "$OUT/benchmark/results.md"
+    fi
+    summary
+    exit 0
+fi
+
+# ------------------------------- l. the benchmark config's epoch, eager and compiled, two batch sizes (`levers`)
+if [ "$MODE" = levers ]; then
+    DATA=${DATA:-data/fashion-mnist}
+    if [ ! -f "$DATA/train-images-idx3-ubyte.gz" ]; then
+        skip l_levers "no Fashion-MNIST IDX files in $DATA (cp -r /usr/share/datasets/fashion-mnist data/)"
+    elif NEED=$(train_missing) && [ -n "$NEED" ]; then
+        skip l_levers "train.py: $NEED"
+    else
+        SMALL=()  # the dry run: 256 images of a one-block model
+        [ "$DRY" = 1 ] && SMALL=(--train-subset 256 --val-subset 64 --workers 0
+                                 --model-kwargs patch_size=2 depth=1 embed_dim=32 num_heads=2)
+        for lever in "eager 256" "compile 256" "eager 1024" "compile 1024"; do
+            set -- $lever
+            FLAGS=(--batch-size "$2")
+            [ "$1" = compile ] && FLAGS+=(--compile)
+            step "l_${1}_$2" 150 "$PYTHON" train.py --config configs/protocol_fashion_gpu.yaml --data-dir "$DATA" \
+                --device "$DEVICE" --models vit_rope_tiny --epochs 2 --eval-sizes 14 --rope-scaling none \
+                --finetune-sizes "${SMALL[@]}" "${FLAGS[@]}" --output "$OUT/levers_${1}_$2" --overwrite
+        done
+        echo "seconds an epoch (epoch 1 holds compiling; log.csv's last column):"
+        for f in "$OUT"/levers_*/log.csv; do [ -f "$f" ] && echo "$f: $(cut -d, -f8 "$f" | tail -n +2 | xargs)"; done
     fi
     summary
     exit 0
