@@ -228,7 +228,7 @@ def evaluate_resolutions(run: Run, model, data: Data, modes: list[str], device) 
     settings, params = run.settings, sum(p.numel() for p in model.parameters())
     # eager even with --compile: each (size, mode) cell is one pass over the test set, and each would be a graph of
     # its own (a size is a shape, a mode a branch): compiling them cost more than it saved
-    rows, forward = [], model
+    rows = []
     bar = dict(desc=f"{run.tag} eval", disable=None if rank_world()[0] == 0 else True, leave=False)
     for protocol, size, mode in tqdm(eval_jobs(settings, modes), **bar):
         if mode != "-":
@@ -239,7 +239,7 @@ def evaluate_resolutions(run: Run, model, data: Data, modes: list[str], device) 
                                    budget=size)  # fmt: skip
         else:
             loader = make_loader(data.eval_set(size, protocol), settings, False, 0)
-        r = validate(forward, loader, device, settings.amp)
+        r = validate(model, loader, device, settings.amp)
         rows.append(
             dict(model=run.model, recipe=run.recipe, seed=run.seed, train_size=settings.img_size, eval_size=size,
                  protocol=protocol, rope_scaling=mode, top1=round(r["top1"], 2), top5=round(r["top5"], 2),

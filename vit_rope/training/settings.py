@@ -126,7 +126,8 @@ class Settings:
                                      must="in [0, 1)", recipe=True)  # fmt: skip
     mixup: float = setting(0.0, "mixup alpha (0: off)", check=at_least(0), must="at least 0", recipe=True)
     cutmix: float = setting(0.0, "cutmix alpha (0: off)", check=at_least(0), must="at least 0", recipe=True)
-    aug: bool = setting(True, "random-resized crops and flips when training (--no-aug: none)", recipe=True, data=True)
+    aug: bool = setting(True, "random-resized crops, flips and colour jitter when training (--no-aug: none)",
+                        recipe=True, data=True)  # fmt: skip
     hflip: float = setting(0.5, "horizontal flip probability", check=between(0, 1), must="in [0, 1]", recipe=True,
                            data=True)  # fmt: skip
     vflip: float = setting(0.0, "vertical flip probability", check=between(0, 1), must="in [0, 1]", recipe=True,
