@@ -370,10 +370,10 @@ def test_compile_trains_and_evaluates_as_eager(tmp_path):
 
 def test_compile_compiles_no_graph_for_the_evaluation_grid(tmp_path, monkeypatch):
     """With --compile every evaluation cell (a size under a scaling mode, one pass over the test set) was a graph of
-    its own: a size is a shape, a mode a branch. The protocol's 4 sizes under 5 modes compiled 16 graphs a model (82
-    for five models, CPU, 2026-11-27), on a GPU longer than evaluating them eagerly. The cells now run eagerly: the
-    graphs compiled are the training's, the validation's and the fine-tunings', however large the grid. The backend
-    is Dynamo's alone (``eager``): what is compiled and when is Dynamo's decision."""
+    its own: a size is a shape, a mode a branch. The protocol's 4 sizes under 5 modes compiled about 16 graphs a model
+    (82 for five models, CPU, 2026-11-27), each an inductor compile for one pass over the test set. The cells now run
+    eagerly: the graphs compiled are the training's, the validation's and the fine-tunings', however large the grid.
+    The backend is Dynamo's alone (``eager``): what is compiled and when is Dynamo's decision."""
     from torch._dynamo.utils import counters
 
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))

@@ -175,7 +175,7 @@ def test_a_data_dir_that_is_a_file_is_named_as_one(tmp_path):
 @pytest.mark.parametrize("vflip", [0.0, 1.0])
 def test_vertical_flips_and_no_colour_jitter_reach_the_training_transform(vflip):
     # whole images (--scale 1 1), no horizontal flips and no jitter: the training transform is the evaluation one,
-    # turned upside down where --vflip is 1 (ELPV's recipe flips cells both ways; their brightness is the signal)
+    # turned upside down where --vflip is 1 (an ELPV probe flipped cells both ways, unjittered: brightness is a signal)
     from PIL import Image
 
     from vit_rope.training import data
