@@ -127,6 +127,19 @@ train_missing() {
     "$PYTHON" -c "from vit_rope.training.weights import check_timm_writer; check_timm_writer()" 2>&1 | sed 's/^error: //'
 }
 
+# fashion_ready NAME: whether train.py can run configs/protocol_fashion_gpu.yaml here (its IDX files in $DATA, the
+# packages train.py needs); if not, NAME is skipped with the reason.
+fashion_ready() {
+    DATA=${DATA:-data/fashion-mnist}
+    if [ ! -f "$DATA/train-images-idx3-ubyte.gz" ]; then
+        skip "$1" "no Fashion-MNIST IDX files in $DATA (cp -r /usr/share/datasets/fashion-mnist data/)"
+        return 1
+    fi
+    local need
+    need=$(train_missing)
+    [ -z "$need" ] || { skip "$1" "train.py: $need"; return 1; }
+}
+
 # ------------------------------------------------------------------------------------------------------- setup
 step env 30 "$PYTHON" - <<EOF
 import platform, torch, timm
@@ -146,12 +159,7 @@ command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,memory.used,mem
 
 # ----------------------------------------------- g. the trained benchmark at ViT-Ti (`benchmark`), then nothing else
 if [ "$MODE" = benchmark ]; then
-    DATA=${DATA:-data/fashion-mnist}
-    if [ ! -f "$DATA/train-images-idx3-ubyte.gz" ]; then
-        skip g_benchmark "no Fashion-MNIST IDX files in $DATA (cp -r /usr/share/datasets/fashion-mnist data/)"
-    elif NEED=$(train_missing) && [ -n "$NEED" ]; then
-        skip g_benchmark "train.py: $NEED"
-    else
+    if fashion_ready g_benchmark; then
         SMALL=()  # the dry run: 256 images, one epoch of a one-block model
         [ "$DRY" = 1 ] && SMALL=(--train-subset 256 --val-subset 64 --epochs 1 --batch-size 32 --workers 0
                                  --model-kwargs patch_size=2 depth=1 embed_dim=32 num_heads=2 --finetune-steps 2)
@@ -165,12 +173,7 @@ fi
 
 # ------------------------------- l. the benchmark config's epoch, eager and compiled, two batch sizes (`levers`)
 if [ "$MODE" = levers ]; then
-    DATA=${DATA:-data/fashion-mnist}
-    if [ ! -f "$DATA/train-images-idx3-ubyte.gz" ]; then
-        skip l_levers "no Fashion-MNIST IDX files in $DATA (cp -r /usr/share/datasets/fashion-mnist data/)"
-    elif NEED=$(train_missing) && [ -n "$NEED" ]; then
-        skip l_levers "train.py: $NEED"
-    else
+    if fashion_ready l_levers; then
         SMALL=()  # the dry run: 256 images of a one-block model
         [ "$DRY" = 1 ] && SMALL=(--train-subset 256 --val-subset 64 --workers 0
                                  --model-kwargs patch_size=2 depth=1 embed_dim=32 num_heads=2)
