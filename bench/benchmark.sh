@@ -18,7 +18,8 @@
 #      the crops' scale?)
 #   9. protocol_fashion_families, seeds 0-2; its baselines (APE and axial RoPE at seeds 0-2) are the headline's runs
 #      of step 5, the same settings, seeds and data: copied into its folder, not trained again (21 runs, not 27)
-# A finished step costs seconds when run again (its report is made anew, nothing trained).
+# A finished step costs seconds when run again (its report is made anew, nothing trained). Each step's record
+# (config.yaml, log.csv, results.csv, results.md) is copied to docs/runs/<folder>/ for git: the weights stay in runs/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=${THREADS:-$(nproc)}
@@ -32,6 +33,15 @@ run() {
     [ -d "$out" ] && resume=(--resume)  # a folder without config.yaml yet: train.py starts the run
     echo "=== $(date -u +%H:%M:%S) train.py $* --output $out ${resume[*]}"
     "$PYTHON" train.py "$@" --output "$out" "${resume[@]}"
+    keep "$out"
+}
+
+# keep OUTPUT: the run's record (its settings, training curves and result tables; not its weights) copied into
+# docs/runs/, which git tracks: runs/ does not travel with a clone, and docs/results.md's figures must.
+keep() {
+    local to=docs/runs/$(basename "$1")
+    mkdir -p "$to"
+    cp "$1"/config.yaml "$1"/log.csv "$1"/results.csv "$1"/results.md "$to"/
 }
 
 run runs/protocol_fashion --config configs/protocol_fashion.yaml --seeds 0

@@ -23,6 +23,13 @@ from vit_rope.training.report import diff_text, paired_differences
 def read_rows(folder: Path, side: str) -> list[dict]:
     """``folder``'s results.csv, each row relabelled so that report.paired_differences pairs B's with A's: the side
     ("A" or "B") as the model, the model (and its recipe) as the recipe."""
+    rows = results_rows(folder)
+    return [r | {"model": side, "recipe": r["model"] + (f"@{r['recipe']}" if r["recipe"] else "")} for r in rows]
+
+
+def results_rows(folder: Path) -> list[dict]:
+    """``folder``'s results.csv, each row checked (whole, under its header, numbers where train.py writes them);
+    its fields as text. A folder without one, or a row train.py did not write, is one line naming it."""
     if not (folder / "results.csv").is_file():
         raise SystemExit(f"error: {folder} holds no results.csv: give a train.py run folder (--output) that finished")
     with open(folder / "results.csv", newline="") as f:
@@ -40,7 +47,7 @@ def read_rows(folder: Path, side: str) -> list[dict]:
             what = "whole seed and sizes, a top-1, under its header"
             raise SystemExit(f"error: line {line} of {folder / 'results.csv'} is not a row train.py writes ({what}): "
                              "write it again with train.py --resume")  # fmt: skip
-    return [r | {"model": side, "recipe": r["model"] + (f"@{r['recipe']}" if r["recipe"] else "")} for r in rows]
+    return rows
 
 
 def compare(a: Path, b: Path) -> str:
