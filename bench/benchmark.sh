@@ -1,79 +1,91 @@
 #!/usr/bin/env bash
-# The trained resolution benchmark of docs/results.md, every step in order of what it tells, each resumable:
+# The trained resolution benchmark of docs/results.md, in parts a session can finish, in order of what they tell:
 #
-#     bash bench/benchmark.sh              # start, or continue after a kill (each step resumes its run folder)
+#     bash bench/benchmark.sh              # start, or continue: a part already recorded is skipped, a killed one resumed
 #     THREADS=1 bash bench/benchmark.sh    # leave a core free (default: every core)
 #
-# Steps (each a train.py run folder under runs/; the headline models' first seeds first):
-#   1. protocol_fashion, seed 0: the six headline models once
-#   2. protocol_fashion_2x: APE and axial RoPE, seed 0, twice as long: the convergence check
-#   3. protocol_fashion_papers, seed 0: the papers' recipe once
-#   4. protocol_elpv, seed 0, and protocol_elpv_2x (APE and axial RoPE twice as long): ELPV's first seed and its
-#      convergence check (skipped, with the command that installs it, where PyPI's elpv-dataset is not installed)
-#   5. protocol_fashion, seeds 0-2, then seeds 0-4 (the headline's five)
-#   6. protocol_fashion_papers, seeds 0-2
-#   7. protocol_elpv, seeds 0-4
-#   8. protocol_fashion_papers_2x: APE and axial RoPE, seed 0, under the papers' recipe twice as long: its
-#      convergence check (10 epochs leave it 8-9 points below the plain recipe at 1x: short of capacity, or
-#      the crops' scale?)
-#   9. protocol_fashion_families, seeds 0-2; its baselines (APE and axial RoPE at seeds 0-2) are the headline's runs
-#      of step 5, the same settings, seeds and data: copied into its folder, not trained again (21 runs, not 27)
-# A finished step costs seconds when run again (its report is made anew, nothing trained). Each step's record
-# (config.yaml, log.csv, results.csv, results.md) is copied to docs/runs/<folder>/ for git: the weights stay in runs/.
+# A part is one train.py run folder, runs/<part>. When it finishes, its record (config.yaml, log.csv, results.csv,
+# results.md; not the weights) is copied to docs/runs/<part>/, which git tracks; a part recorded there is done, and
+# is skipped. runs/ does not outlive the machine that trained it, so a part must finish within one sitting: each is
+# at most about 1.8 hours on 2 cores (the times below, measured: docs/results.md's cost table); one killed before
+# it ends resumes where it stopped on the same machine and starts over on another. Once every part of a step is
+# recorded, bench/merge.py joins them into docs/runs/<step>/ (results.csv, results.md and the figures), where
+# docs/results.md's tables come from.
+#
+#   ELPV, six models, 5 seeds (~6 min a run): seeds 0-3, then 4            -> docs/runs/protocol_elpv
+#   Fashion-MNIST, the other families with APE and axial RoPE, 3 seeds (~9 min a run): a part a seed
+#                                                                            -> docs/runs/protocol_fashion_families
+#   Fashion-MNIST, the papers' recipe's convergence check (APE, axial RoPE, 20 epochs, seed 0)
+#   Fashion-MNIST, the headline's six models, 5 seeds (~9 min a run): seeds 0-1, 2-3, 4 -> docs/runs/protocol_fashion
+#   Fashion-MNIST, the convergence check (APE, axial RoPE, 20 epochs, seed 0)
+#   Fashion-MNIST, the papers' recipe, 3 seeds (~11 min a run)
+#   ELPV's convergence check (APE, axial RoPE, 160 epochs, seed 0)
+# ELPV's parts are skipped, with the command that installs it, where PyPI's elpv-dataset is not installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=${THREADS:-$(nproc)}
 PYTHON=${PYTHON:-.venv/bin/python}
 
-# run OUTPUT ARGS...: train.py into OUTPUT, resuming the run there if there is one.
-run() {
-    local out=$1
+# part NAME ARGS...: train.py ARGS into runs/NAME (resuming the run there if there is one), its record then copied
+# to docs/runs/NAME; nothing where that record is already there.
+part() {
+    local name=$1
     shift
+    if [ -f "docs/runs/$name/results.csv" ]; then
+        echo "=== $name: recorded in docs/runs/$name (delete that folder to train it again)"
+        return
+    fi
     local resume=()
-    [ -d "$out" ] && resume=(--resume)  # a folder without config.yaml yet: train.py starts the run
-    echo "=== $(date -u +%H:%M:%S) train.py $* --output $out ${resume[*]}"
-    "$PYTHON" train.py "$@" --output "$out" "${resume[@]}"
-    keep "$out"
+    [ -d "runs/$name" ] && resume=(--resume)  # a folder without config.yaml yet: train.py starts the run
+    echo "=== $(date -u +%H:%M:%S) train.py $* --output runs/$name ${resume[*]}"
+    "$PYTHON" train.py "$@" --output "runs/$name" "${resume[@]}"
+    mkdir -p "docs/runs/$name"
+    cp "runs/$name"/{config.yaml,log.csv,results.csv,results.md} "docs/runs/$name/"
 }
 
-# keep OUTPUT: the run's record (its settings, training curves and result tables; not its weights) copied into
-# docs/runs/, which git tracks: runs/ does not travel with a clone, and docs/results.md's figures must.
-keep() {
-    local to=docs/runs/$(basename "$1")
-    mkdir -p "$to"
-    cp "$1"/config.yaml "$1"/log.csv "$1"/results.csv "$1"/results.md "$to"/
+# join STEP PARTS...: the parts' records joined into docs/runs/STEP, once every one of them is recorded.
+join() {
+    local step=$1 parts=()
+    shift
+    for name in "$@"; do
+        [ -f "docs/runs/$name/results.csv" ] || return 0
+        parts+=("docs/runs/$name")
+    done
+    "$PYTHON" bench/merge.py "${parts[@]}" --output "docs/runs/$step" > /dev/null
+    echo "=== $step: its parts joined in docs/runs/$step"
 }
 
-run runs/protocol_fashion --config configs/protocol_fashion.yaml --seeds 0
-run runs/protocol_fashion_2x --config configs/protocol_fashion.yaml --models vit_ape_tiny vit_rope_tiny --seeds 0 \
-    --epochs 20 --eval-sizes 14 --finetune-sizes
-run runs/protocol_fashion_papers --config configs/protocol_fashion_papers.yaml --seeds 0
 ELPV=1
 if ! "$PYTHON" -c "import elpv_dataset" 2>/dev/null; then
     ELPV=0
-    echo "=== skipping ELPV's steps: PyPI's elpv-dataset is missing (uv sync --inexact --extra elpv installs it)"
+    echo "=== skipping ELPV's parts: PyPI's elpv-dataset is missing (uv sync --inexact --extra elpv installs it)"
 fi
+elpv=(--config configs/protocol_elpv.yaml)
 if [ $ELPV = 1 ]; then
-    run runs/protocol_elpv --config configs/protocol_elpv.yaml --seeds 0
-    run runs/protocol_elpv_2x --config configs/protocol_elpv.yaml --models vit_ape_tiny vit_rope_tiny --seeds 0 \
-        --epochs 160 --eval-sizes 144 --finetune-sizes
+    part protocol_elpv_s0-3 "${elpv[@]}" --seeds 0 1 2 3
+    part protocol_elpv_s4 "${elpv[@]}" --seeds 4
+    join protocol_elpv protocol_elpv_s0-3 protocol_elpv_s4
 fi
-run runs/protocol_fashion --config configs/protocol_fashion.yaml --seeds 0 1 2
-run runs/protocol_fashion --config configs/protocol_fashion.yaml
-run runs/protocol_fashion_papers --config configs/protocol_fashion_papers.yaml
-[ $ELPV = 1 ] && run runs/protocol_elpv --config configs/protocol_elpv.yaml
-run runs/protocol_fashion_papers_2x --config configs/protocol_fashion_papers.yaml --models vit_ape_tiny vit_rope_tiny \
-    --seeds 0 --epochs 20 --eval-sizes 14 16 20 --finetune-sizes
-for tag in vit_ape_tiny@seed{0,1,2} vit_rope_tiny@seed{0,1,2}; do
-    # a finished headline run (its results.json) the families' folder lacks: a copy, not a link (train.py refuses
-    # links), and its rows of log.csv (the training curve)
-    from=runs/protocol_fashion to=runs/protocol_fashion_families
-    if [ -f "$from/$tag/results.json" ] && [ ! -e "$to/$tag" ]; then
-        mkdir -p "$to"
-        cp -r "$from/$tag" "$to/$tag"
-        [ -f "$to/log.csv" ] || head -n 1 "$from/log.csv" > "$to/log.csv"
-        grep "^$tag," "$from/log.csv" >> "$to/log.csv" || true
-    fi
+
+families=(--config configs/protocol_fashion_families.yaml)
+for seed in 0 1 2; do
+    part "protocol_fashion_families_s$seed" "${families[@]}" --seeds "$seed"
 done
-run runs/protocol_fashion_families --config configs/protocol_fashion_families.yaml
+join protocol_fashion_families protocol_fashion_families_s{0,1,2}
+
+papers=(--config configs/protocol_fashion_papers.yaml)
+part protocol_fashion_papers_2x "${papers[@]}" --models vit_ape_tiny vit_rope_tiny --seeds 0 --epochs 20 \
+    --eval-sizes 14 16 20 --finetune-sizes
+
+plain=(--config configs/protocol_fashion.yaml)
+part protocol_fashion_s0-1 "${plain[@]}" --seeds 0 1
+part protocol_fashion_s2-3 "${plain[@]}" --seeds 2 3
+part protocol_fashion_s4 "${plain[@]}" --seeds 4
+join protocol_fashion protocol_fashion_s0-1 protocol_fashion_s2-3 protocol_fashion_s4
+part protocol_fashion_2x "${plain[@]}" --models vit_ape_tiny vit_rope_tiny --seeds 0 --epochs 20 --eval-sizes 14 \
+    --finetune-sizes
+part protocol_fashion_papers "${papers[@]}"
+
+[ $ELPV = 1 ] && part protocol_elpv_2x "${elpv[@]}" --models vit_ape_tiny vit_rope_tiny --seeds 0 --epochs 160 \
+    --eval-sizes 144 --finetune-sizes
 echo "=== $(date -u +%H:%M:%S) done"

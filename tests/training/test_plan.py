@@ -310,7 +310,7 @@ def test_the_trained_benchmarks_configs_share_one_protocol():
     assert papers.aug and papers.scale[0] > 0.08 and papers.hflip > 0 and len(papers.train_sizes) > 1
     assert set(papers.models) <= set(plain.models)
     assert {"vit_ape_tiny", "vit_rope_tiny"} <= set(families.models) and len(families.seeds) == 3
-    # every other setting the headline's: benchmark.sh copies its APE and axial RoPE runs in as the families' own
+    # every other setting the headline's: its APE and axial RoPE runs are the headline's (bench/merge.py joins them)
     differ = [f.name for f in dataclasses.fields(plain) if getattr(plain, f.name) != getattr(families, f.name)]
     assert differ == ["models", "seeds", "output"] and set(families.seeds) <= set(plain.seeds)
     ours = [f for f in FAMILIES.values() if f.model_name and f.min_axes <= 2 and f.__module__.startswith("vit_rope.")]
