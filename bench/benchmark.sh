@@ -12,7 +12,7 @@
 # recorded, bench/merge.py joins them into docs/runs/<step>/ (results.csv, results.md and the figures), where
 # docs/results.md's tables come from.
 #
-#   ELPV, six models, 5 seeds (~6 min a run): seeds 0-3, then 4            -> docs/runs/protocol_elpv
+#   ELPV, six models, 5 seeds (~6 min a run): seeds 0-2, then 3-4          -> docs/runs/protocol_elpv
 #   Fashion-MNIST, the other families with APE and axial RoPE, 3 seeds (~9 min a run): a part a seed
 #                                                                            -> docs/runs/protocol_fashion_families
 #   Fashion-MNIST, the papers' recipe's convergence check (APE, axial RoPE, 20 epochs, seed 0)
@@ -62,9 +62,9 @@ if ! "$PYTHON" -c "import elpv_dataset" 2>/dev/null; then
 fi
 elpv=(--config configs/protocol_elpv.yaml)
 if [ $ELPV = 1 ]; then
-    part protocol_elpv_s0-3 "${elpv[@]}" --seeds 0 1 2 3
-    part protocol_elpv_s4 "${elpv[@]}" --seeds 4
-    join protocol_elpv protocol_elpv_s0-3 protocol_elpv_s4
+    part protocol_elpv_s0-2 "${elpv[@]}" --seeds 0 1 2
+    part protocol_elpv_s3-4 "${elpv[@]}" --seeds 3 4
+    join protocol_elpv protocol_elpv_s0-2 protocol_elpv_s3-4
 fi
 
 families=(--config configs/protocol_fashion_families.yaml)
