@@ -48,6 +48,8 @@ def merge(folders: list[Path], out: Path) -> str:
         if differ:
             raise SystemExit(f"error: {folders[0]} and {folder} differ in {', '.join(differ)}: their rows would "
                              "mix two recipes in one table; join only parts of one benchmark step")  # fmt: skip
+    if out.exists() and not out.is_dir():
+        raise SystemExit(f"error: --output {out} is a file, not a folder: give a new folder")
     if (out / "config.yaml").exists() or any(out.resolve() == f.resolve() for f in folders):
         raise SystemExit(f"error: --output {out} holds a train.py run (its config.yaml) or is one of the folders "
                          "joined: give a new folder")  # fmt: skip

@@ -91,3 +91,11 @@ def test_a_folder_without_a_config_is_one_error(tmp_path):
     (a / "config.yaml").unlink()
     with pytest.raises(SystemExit, match="holds no config.yaml"):
         merge.merge([a], tmp_path / "all")
+
+
+def test_an_output_that_is_a_file_is_one_error(tmp_path):
+    a = part(tmp_path / "a", [0], cell)
+    (tmp_path / "out").write_text("mine")
+    with pytest.raises(SystemExit, match="is a file, not a folder"):
+        merge.merge([a], tmp_path / "out")
+    assert (tmp_path / "out").read_text() == "mine"
