@@ -12,6 +12,7 @@ two folders both hold, and an --output that holds a train.py run (its config.yam
 
 import argparse
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 from vit_rope.training.report import write_results
@@ -30,7 +31,7 @@ def recipe(folder: Path) -> dict:
     if not (folder / "config.yaml").is_file():
         raise SystemExit(f"error: {folder} holds no config.yaml: give a train.py run folder, or its copy in docs/runs")
     saved = read_yaml(folder / "config.yaml", "the run's config", own=True)
-    free = {name for name, f in Settings.__dataclass_fields__.items() if f.metadata["resume"] == APPLIES}
+    free = {f.name for f in fields(Settings) if f.metadata["resume"] == APPLIES}
     return {k: v for k, v in saved.items() if k not in free - SAME_MEANING}
 
 
