@@ -13,8 +13,8 @@
 # docs/results.md's tables come from.
 #
 #   ELPV, six models, 5 seeds (~6 min a run): seeds 0-2, then 3-4          -> docs/runs/protocol_elpv
-#   Fashion-MNIST, the other families with APE and axial RoPE, 3 seeds (~9 min a run): a part a seed
-#                                                                            -> docs/runs/protocol_fashion_families
+#   Fashion-MNIST, the other families with APE and axial RoPE, 3 seeds (~9 min a run): two parts a seed, of five
+#   and four models (~45 min each)                                           -> docs/runs/protocol_fashion_families
 #   Fashion-MNIST, the papers' recipe's convergence check (APE, axial RoPE, 20 epochs, seed 0)
 #   Fashion-MNIST, the headline's six models, 5 seeds (~9 min a run): seeds 0-1, 2-3, 4 -> docs/runs/protocol_fashion
 #   Fashion-MNIST, the convergence check (APE, axial RoPE, 20 epochs, seed 0)
@@ -68,10 +68,13 @@ if [ $ELPV = 1 ]; then
 fi
 
 families=(--config configs/protocol_fashion_families.yaml)
+families_a=(vit_ape_tiny vit_rope_tiny "vit_rope_tiny:rope_options={p: 0.75}" vit_spiral_tiny vit_goldengate_tiny)
+families_b=(vit_string_tiny vit_liere_tiny vit_lookhere_tiny vit_pape_tiny)  # (the config's models, in two parts)
 for seed in 0 1 2; do
-    part "protocol_fashion_families_s$seed" "${families[@]}" --seeds "$seed"
+    part "protocol_fashion_families_s${seed}a" "${families[@]}" --models "${families_a[@]}" --seeds "$seed"
+    part "protocol_fashion_families_s${seed}b" "${families[@]}" --models "${families_b[@]}" --seeds "$seed"
 done
-join protocol_fashion_families protocol_fashion_families_s{0,1,2}
+join protocol_fashion_families protocol_fashion_families_s{0,1,2}{a,b}
 
 papers=(--config configs/protocol_fashion_papers.yaml)
 part protocol_fashion_papers_2x "${papers[@]}" --models vit_ape_tiny vit_rope_tiny --seeds 0 --epochs 20 \

@@ -3,6 +3,7 @@ coordinate augmentation) end to end and on --resume, a family against the family
 comparison."""
 
 import dataclasses
+import shlex
 import statistics
 from pathlib import Path
 
@@ -320,3 +321,7 @@ def test_the_trained_benchmarks_configs_share_one_protocol():
     script = (CONFIG_DIR.parent / "bench" / "benchmark.sh").read_text()
     names = ("protocol_fashion", "protocol_fashion_papers", "protocol_fashion_families", "protocol_elpv")
     assert all(f"configs/{name}.yaml" in script for name in names)
+    # the families' runs in two parts a seed (a part must finish within one sitting): together the config's models
+    parts = [shlex.split(line.split("=(", 1)[1].split(")  #")[0].rstrip(")"))
+             for line in script.splitlines() if line.startswith(("families_a=(", "families_b=("))]  # fmt: skip
+    assert len(parts) == 2 and parts[0] + parts[1] == list(families.models)
