@@ -13,8 +13,8 @@
 # docs/results.md's tables come from.
 #
 #   ELPV, six models, 5 seeds (~6 min a run): seeds 0-2, then 3-4          -> docs/runs/protocol_elpv
-#   Fashion-MNIST, the other families with APE and axial RoPE, 3 seeds (~9 min a run): two parts a seed, of five
-#   and four models (~45 min each)                                           -> docs/runs/protocol_fashion_families
+#   Fashion-MNIST, the other families with APE and axial RoPE, 3 seeds (~11 min a run): two parts a seed, of five
+#   and four models (about an hour each)                                     -> docs/runs/protocol_fashion_families
 #   Fashion-MNIST, the papers' recipe's convergence check (APE, axial RoPE, 20 epochs, seed 0)
 #   Fashion-MNIST, the headline's six models, 5 seeds (~9 min a run): seeds 0-1, 2-3, 4 -> docs/runs/protocol_fashion
 #   Fashion-MNIST, the convergence check (APE, axial RoPE, 20 epochs, seed 0)
