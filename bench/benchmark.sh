@@ -13,8 +13,8 @@
 # docs/results.md's tables come from.
 #
 #   ELPV, six models, 5 seeds (~6 min a run): seeds 0-2, then 3-4          -> docs/runs/protocol_elpv
-#   Fashion-MNIST, the papers' recipe's convergence check (APE, axial RoPE, seed 0, 40 epochs against its 20; ~40 min
-#   a run)
+#   Fashion-MNIST, the papers' recipe's convergence check (APE, axial RoPE, seed 0, 40 epochs against its 20; ~55 min
+#   a run, a part each)                                                       -> docs/runs/protocol_fashion_papers_2x
 #   Fashion-MNIST, the other families with APE and axial RoPE, 3 seeds (~11 min a run): two parts a seed, of five
 #   and four models (about an hour each)                                     -> docs/runs/protocol_fashion_families
 #   Fashion-MNIST, the papers' recipe, 3 seeds (20 epochs, ~21 min a run): a part a seed -> docs/runs/protocol_fashion_papers
@@ -70,8 +70,10 @@ if [ $ELPV = 1 ]; then
 fi
 
 papers=(--config configs/protocol_fashion_papers.yaml)
-part protocol_fashion_papers_2x "${papers[@]}" --models vit_ape_tiny vit_rope_tiny --seeds 0 --epochs 40 \
-    --eval-sizes 14 16 20 --finetune-sizes
+papers_2x=("${papers[@]}" --seeds 0 --epochs 40 --eval-sizes 14 16 20 --finetune-sizes)  # ~55 min a run: a part each
+part protocol_fashion_papers_2x_ape "${papers_2x[@]}" --models vit_ape_tiny
+part protocol_fashion_papers_2x_rope "${papers_2x[@]}" --models vit_rope_tiny
+join protocol_fashion_papers_2x protocol_fashion_papers_2x_ape protocol_fashion_papers_2x_rope
 
 families=(--config configs/protocol_fashion_families.yaml)
 families_a=(vit_ape_tiny vit_rope_tiny "vit_rope_tiny:rope_options={p: 0.75}" vit_spiral_tiny vit_goldengate_tiny)
