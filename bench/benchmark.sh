@@ -15,12 +15,12 @@
 #   ELPV, six models, 5 seeds (~6 min a run): seeds 0-2, then 3-4          -> docs/runs/protocol_elpv
 #   Fashion-MNIST, the papers' recipe trained 4x as long (40 epochs; APE, axial RoPE, RoPE-Mixed, seed 0; ~55 min a
 #   run, a part each): at 10 and 20 epochs it is short of capacity, so do its findings move? -> .../protocol_fashion_papers_4x
+#   Fashion-MNIST, the convergence check (APE, axial RoPE, 20 epochs, seed 0), tested at every size (~35 min)
 #   Fashion-MNIST, the other families with APE and axial RoPE, 3 seeds (~11 min a run): two parts a seed, of five
 #   and four models (about an hour each)                                     -> docs/runs/protocol_fashion_families
 #   Fashion-MNIST, the papers' recipe trained twice as long (20 epochs, the same three models, seed 0; ~1.5 h)
 #   Then the records of runs measured before the parts (docs/results.md's tables hold their figures; ~7 h):
 #   Fashion-MNIST, the headline's six models, 5 seeds (~9 min a run): seeds 0-1, 2-3, 4 -> docs/runs/protocol_fashion
-#   Fashion-MNIST, the convergence check (APE, axial RoPE, 20 epochs, seed 0)
 #   Fashion-MNIST, the papers' recipe, 3 seeds (~11 min a run)
 #   ELPV's convergence check (APE, axial RoPE, 160 epochs, seed 0)
 # ELPV's parts are skipped, with the command that installs it, where PyPI's elpv-dataset is not installed.
@@ -76,6 +76,8 @@ part protocol_fashion_papers_4x_ape "${papers_4x[@]}" --models vit_ape_tiny
 part protocol_fashion_papers_4x_rope "${papers_4x[@]}" --models vit_rope_tiny
 part protocol_fashion_papers_4x_mixed "${papers_4x[@]}" --models vit_rope_mixed_tiny
 join protocol_fashion_papers_4x protocol_fashion_papers_4x_{ape,rope,mixed}
+plain=(--config configs/protocol_fashion.yaml)  # and the plain recipe twice as long, at every size: does it move?
+part protocol_fashion_2x "${plain[@]}" --models vit_ape_tiny vit_rope_tiny --seeds 0 --epochs 20 --finetune-sizes
 
 families=(--config configs/protocol_fashion_families.yaml)
 families_a=(vit_ape_tiny vit_rope_tiny "vit_rope_tiny:rope_options={p: 0.75}" vit_spiral_tiny vit_goldengate_tiny)
@@ -88,13 +90,10 @@ join protocol_fashion_families protocol_fashion_families_s{0,1,2}{a,b}
 
 part protocol_fashion_papers_2x "${papers[@]}" --seeds 0 --epochs 20 --finetune-sizes
 
-plain=(--config configs/protocol_fashion.yaml)
 part protocol_fashion_s0-1 "${plain[@]}" --seeds 0 1
 part protocol_fashion_s2-3 "${plain[@]}" --seeds 2 3
 part protocol_fashion_s4 "${plain[@]}" --seeds 4
 join protocol_fashion protocol_fashion_s0-1 protocol_fashion_s2-3 protocol_fashion_s4
-part protocol_fashion_2x "${plain[@]}" --models vit_ape_tiny vit_rope_tiny --seeds 0 --epochs 20 --eval-sizes 14 \
-    --finetune-sizes
 part protocol_fashion_papers "${papers[@]}"
 
 [ $ELPV = 1 ] && part protocol_elpv_2x "${elpv[@]}" --models vit_ape_tiny vit_rope_tiny --seeds 0 --epochs 160 \
