@@ -13,8 +13,8 @@
 # docs/results.md's tables come from.
 #
 #   ELPV, six models, 5 seeds (~6 min a run): seeds 0-2, then 3-4          -> docs/runs/protocol_elpv
-#   Fashion-MNIST, the papers' recipe trained 4x as long (40 epochs; APE, axial RoPE, RoPE-Mixed, seed 0; ~55 min a
-#   run, a part each): at 10 and 20 epochs it is short of capacity, so do its findings move? -> .../protocol_fashion_papers_4x
+#   Fashion-MNIST, the papers' recipe 4x as long (40 epochs; APE, axial RoPE, RoPE-Mixed, seed 0; ~55 min a run, a
+#   part each): short of capacity at 10 and 20 epochs, do its findings move? -> docs/runs/protocol_fashion_papers_4x
 #   Fashion-MNIST, the convergence check (APE, axial RoPE, 20 epochs, seed 0), tested at every size (~35 min)
 #   Fashion-MNIST, the other families with APE and axial RoPE, 3 seeds (~11 min a run): two parts a seed, of five
 #   and four models (about an hour each)                                     -> docs/runs/protocol_fashion_families
