@@ -7,7 +7,7 @@
 # A part is one train.py run folder, runs/<part>. When it finishes, its record (config.yaml, log.csv, results.csv,
 # results.md; not the weights) is copied to docs/runs/<part>/, which git tracks; a part recorded there is done, and
 # is skipped. runs/ does not outlive the machine that trained it, so a part must finish within one sitting: each is
-# at most about 1.8 hours on 2 cores (the times below, measured: docs/results.md's cost table); one killed before
+# at most about 2 hours on 2 cores (the times below, measured: docs/results.md's cost table); one killed before
 # it ends resumes where it stopped on the same machine and starts over on another. Once every part of a step is
 # recorded, bench/merge.py joins them into docs/runs/<step>/ (results.csv, results.md and the figures), where
 # docs/results.md's tables come from.
@@ -16,11 +16,11 @@
 #   Fashion-MNIST, the papers' recipe 4x as long (40 epochs; APE, axial RoPE, RoPE-Mixed, seed 0; ~55 min a run, a
 #   part each): short of capacity at 10 and 20 epochs, do its findings move?
 #   Fashion-MNIST, the convergence check (APE, axial RoPE, 20 epochs, seed 0), tested at every size (~35 min)
+#   Fashion-MNIST, the papers' recipe's convergence check: APE and axial RoPE at 80 epochs, seed 0 (~2 h a part)
 #   Fashion-MNIST, the papers' recipe at 40 epochs, seeds 1 and 2 (six parts, ~1 h each): its three models paired
 #   at 3 seeds                                                               -> docs/runs/protocol_fashion_papers_4x
 #   Fashion-MNIST, the other families with APE and axial RoPE, 3 seeds (~11 min a run): two parts a seed, of five
 #   and four models (about an hour each)                                     -> docs/runs/protocol_fashion_families
-#   Fashion-MNIST, the papers' recipe trained twice as long (20 epochs, the same three models, seed 0; ~1.5 h)
 #   Then the records of runs measured before the parts (docs/results.md's tables hold their figures; ~7 h):
 #   Fashion-MNIST, the headline's six models, 5 seeds (~9 min a run): seeds 0-1, 2-3, 4 -> docs/runs/protocol_fashion
 #   Fashion-MNIST, the papers' recipe, 3 seeds (~11 min a run)
@@ -79,6 +79,9 @@ part protocol_fashion_papers_4x_rope "${papers_4x[@]}" --models vit_rope_tiny
 part protocol_fashion_papers_4x_mixed "${papers_4x[@]}" --models vit_rope_mixed_tiny
 plain=(--config configs/protocol_fashion.yaml)  # and the plain recipe twice as long, at every size: does it move?
 part protocol_fashion_2x "${plain[@]}" --models vit_ape_tiny vit_rope_tiny --seeds 0 --epochs 20 --finetune-sizes
+papers_8x=("${papers[@]}" --seeds 0 --epochs 80 --finetune-sizes)  # the 40-epoch runs' convergence check
+part protocol_fashion_papers_8x_ape "${papers_8x[@]}" --models vit_ape_tiny
+part protocol_fashion_papers_8x_rope "${papers_8x[@]}" --models vit_rope_tiny
 for seed in 1 2; do  # the papers' recipe at 40 epochs for seeds 1-2, a model a part (the config's three models)
     papers_4x=("${papers[@]}" --seeds "$seed" --epochs 40 --finetune-sizes)
     part "protocol_fashion_papers_4x_ape_s$seed" "${papers_4x[@]}" --models vit_ape_tiny
@@ -96,8 +99,6 @@ for seed in 0 1 2; do
     part "protocol_fashion_families_s${seed}b" "${families[@]}" --models "${families_b[@]}" --seeds "$seed"
 done
 join protocol_fashion_families protocol_fashion_families_s{0,1,2}{a,b}
-
-part protocol_fashion_papers_2x "${papers[@]}" --seeds 0 --epochs 20 --finetune-sizes
 
 part protocol_fashion_s0-1 "${plain[@]}" --seeds 0 1
 part protocol_fashion_s2-3 "${plain[@]}" --seeds 2 3
