@@ -13,12 +13,10 @@
 # docs/results.md's tables come from.
 #
 #   ELPV, six models, 5 seeds (~6 min a run): seeds 0-2, then 3-4          -> docs/runs/protocol_elpv
-#   Fashion-MNIST, the papers' recipe 4x as long (40 epochs; APE, axial RoPE, RoPE-Mixed, seed 0; ~55 min a run, a
-#   part each): short of capacity at 10 and 20 epochs, do its findings move?
 #   Fashion-MNIST, the convergence check (APE, axial RoPE, 20 epochs, seed 0), tested at every size (~35 min)
 #   Fashion-MNIST, the papers' recipe's convergence check: APE and axial RoPE at 80 epochs, seed 0 (~2 h a part)
-#   Fashion-MNIST, the papers' recipe at 40 epochs, seeds 1 and 2 (six parts, ~1 h each): its three models paired
-#   at 3 seeds                                                               -> docs/runs/protocol_fashion_papers_4x
+#   Fashion-MNIST, the papers' recipe 4x as long (40 epochs; APE, axial RoPE, RoPE-Mixed, 3 seeds; ~55 min a run, a
+#   part each): short of capacity at 10 and 20 epochs, do its findings move? -> docs/runs/protocol_fashion_papers_4x
 #   Fashion-MNIST, the other families with APE and axial RoPE, 3 seeds (~11 min a run): two parts a seed, of five
 #   and four models (about an hour each)                                     -> docs/runs/protocol_fashion_families
 #   Then the records of runs measured before the parts (docs/results.md's tables hold their figures; ~7 h):
@@ -73,23 +71,18 @@ if [ $ELPV = 1 ]; then
 fi
 
 papers=(--config configs/protocol_fashion_papers.yaml)
-papers_4x=("${papers[@]}" --seeds 0 --epochs 40 --finetune-sizes)
-part protocol_fashion_papers_4x_ape "${papers_4x[@]}" --models vit_ape_tiny
-part protocol_fashion_papers_4x_rope "${papers_4x[@]}" --models vit_rope_tiny
-part protocol_fashion_papers_4x_mixed "${papers_4x[@]}" --models vit_rope_mixed_tiny
-plain=(--config configs/protocol_fashion.yaml)  # and the plain recipe twice as long, at every size: does it move?
+plain=(--config configs/protocol_fashion.yaml)  # the plain recipe twice as long, at every size: does it move?
 part protocol_fashion_2x "${plain[@]}" --models vit_ape_tiny vit_rope_tiny --seeds 0 --epochs 20 --finetune-sizes
 papers_8x=("${papers[@]}" --seeds 0 --epochs 80 --finetune-sizes)  # the 40-epoch runs' convergence check
 part protocol_fashion_papers_8x_ape "${papers_8x[@]}" --models vit_ape_tiny
 part protocol_fashion_papers_8x_rope "${papers_8x[@]}" --models vit_rope_tiny
-for seed in 1 2; do  # the papers' recipe at 40 epochs for seeds 1-2, a model a part (the config's three models)
+for seed in 0 1 2; do  # the papers' recipe at 40 epochs, a model a part (the config's three models)
     papers_4x=("${papers[@]}" --seeds "$seed" --epochs 40 --finetune-sizes)
     part "protocol_fashion_papers_4x_ape_s$seed" "${papers_4x[@]}" --models vit_ape_tiny
     part "protocol_fashion_papers_4x_rope_s$seed" "${papers_4x[@]}" --models vit_rope_tiny
     part "protocol_fashion_papers_4x_mixed_s$seed" "${papers_4x[@]}" --models vit_rope_mixed_tiny
 done
-join protocol_fashion_papers_4x protocol_fashion_papers_4x_{ape,rope,mixed} \
-    protocol_fashion_papers_4x_{ape,rope,mixed}_s{1,2}
+join protocol_fashion_papers_4x protocol_fashion_papers_4x_{ape,rope,mixed}_s{0,1,2}
 
 families=(--config configs/protocol_fashion_families.yaml)
 families_a=(vit_ape_tiny vit_rope_tiny "vit_rope_tiny:rope_options={p: 0.75}" vit_spiral_tiny vit_goldengate_tiny)
