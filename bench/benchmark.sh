@@ -20,7 +20,7 @@
 #   Fashion-MNIST, the other families with APE and axial RoPE, 3 seeds (~11 min a run): two parts a seed, of five
 #   and four models (about an hour each)                                     -> docs/runs/protocol_fashion_families
 #   Fashion-MNIST, the papers' recipe at 80 epochs for RoPE-Mixed and seeds 1-2 (40 were short of capacity: APE
-#   gained 2.3 points at 1x from 40 to 80; ~2 h a part)                     -> docs/runs/protocol_fashion_papers_8x
+#   +2.3, axial RoPE +2.5 points at 1x from 40 to 80; ~2 h a part)         -> docs/runs/protocol_fashion_papers_8x
 #   Then the records of runs measured before the parts (docs/results.md's tables hold their figures; ~7 h):
 #   Fashion-MNIST, the headline's six models, 5 seeds (~9 min a run): seeds 0-1, 2-3, 4 -> docs/runs/protocol_fashion
 #   Fashion-MNIST, the papers' recipe, 3 seeds (~11 min a run)
