@@ -171,6 +171,17 @@ def test_results_md_holds_the_paired_tables(tmp_path):
     assert f" {report.diff_text(d)} |" in line
 
 
+def test_every_table_of_results_md_ends_at_a_blank_line(tmp_path):
+    """GitHub's markdown takes a line right under a table's last row into the table as a row: each heading must
+    stand after a blank line, or the headline-mode paired tables' title renders as a row of the table above it."""
+    rows = [r for r in benchmark_rows() if r["recipe"] == "single-res"]
+    report.write_results(rows, tmp_path, 28, "fashion_mnist")
+    lines = (tmp_path / "results.md").read_text().splitlines()
+    assert sum(s.startswith("**top-1 minus") for s in lines) == 4  # per mode and best mode, against each baseline
+    for above, line in zip(lines, lines[1:], strict=False):
+        assert not (above.startswith("|") and line and not line.startswith("|")), f"{above!r} then {line!r}"
+
+
 def test_the_overview_shows_each_models_best_mode_and_what_fine_tuning_recovers(tmp_path):
     """Left panel: a line per model, under the mode best at 2x (here made yarn for axial RoPE); right: the fine-tuned
     models sorted by their fine-tuned mean, each beside its best zero-shot mean at that size."""

@@ -41,7 +41,8 @@ def write_results(rows: list[dict], out: Path, train_size: int, about: str, chan
     baselines = default_baselines([r["model"] for r in rows])
     paired = paired_tables(rows, baselines)
     best = ", each under its scaling mode best at 2x (the headline's)"
-    paired += paired_tables(best_mode_rows(rows, train_size), baselines, any_mode=True, what=best) if paired else ""
+    if paired:  # (a blank line ends the table above: in GitHub's markdown a line right under a table is a row)
+        paired += "\n" + paired_tables(best_mode_rows(rows, train_size), baselines, any_mode=True, what=best)
     text += "\n" + paired if paired else ""
     atomic_write(out / "results.md", lambda t, f: f.write(t.encode()), text)
     plt = pyplot()
