@@ -3,12 +3,16 @@
 #
 #     bash bench/benchmark.sh              # start, or continue: a part already recorded is skipped, a killed one resumed
 #     THREADS=1 bash bench/benchmark.sh    # leave a core free (default: every core)
+#     bash bench/benchmark.sh park         # before the machine goes: the unfinished part's resume state, for git
 #
 # A part is one train.py run folder, runs/<part>. When it finishes, its record (config.yaml, log.csv, results.csv,
 # results.md; not the weights) is copied to docs/runs/<part>/, which git tracks; a part recorded there is done, and
-# is skipped. runs/ does not outlive the machine that trained it, so a part must finish within one sitting: each is
-# at most about 2 hours on 2 cores (the times below, measured: docs/results.md's cost table); one killed before
-# it ends resumes where it stopped on the same machine and starts over on another. Once every part of a step is
+# is skipped. runs/ does not outlive the machine that trained it: a part killed before it ends resumes where it
+# stopped on the same machine. Each is at most about 2 hours on 2 cores (the times below, measured on the machine of
+# docs/results.md's cost table; a slower one took 145 s an epoch, not 80); one that cannot finish in a sitting is
+# parked before the machine goes: `park` copies its resume state (config.yaml, log.csv, each model's checkpoint.pt:
+# weights-only tensors, checked on load) to docs/runs/<part>/unfinished/ for git, and a later run on any machine
+# resumes from there (and deletes that folder once the part is recorded). Once every part of a step is
 # recorded, bench/merge.py joins them into docs/runs/<step>/ (results.csv, results.md and the figures), where
 # docs/results.md's tables come from.
 #
@@ -40,13 +44,41 @@ part() {
         echo "=== $name: recorded in docs/runs/$name (delete that folder to train it again)"
         return
     fi
-    local resume=()
+    local resume=() parked="docs/runs/$name/unfinished"
+    if [ ! -d "runs/$name" ] && [ -f "$parked/config.yaml" ]; then  # parked on another machine: resume from there
+        mkdir -p runs
+        cp -r "$parked" "runs/$name"
+        echo "=== $name: resumed from $parked"
+    fi
     [ -d "runs/$name" ] && resume=(--resume)  # a folder without config.yaml yet: train.py starts the run
     echo "=== $(date -u +%H:%M:%S) train.py $* --output runs/$name ${resume[*]}"
     "$PYTHON" train.py "$@" --output "runs/$name" "${resume[@]}"
     mkdir -p "docs/runs/$name"
     cp "runs/$name"/{config.yaml,log.csv,results.csv,results.md} "docs/runs/$name/"
+    rm -rf "$parked"
 }
+
+# park: each started, unrecorded part's resume state copied to docs/runs/<part>/unfinished/ (checkpoints first, so
+# that the log is never behind them: train.py drops a resumed log's rows past its checkpoint).
+park() {
+    local run name tag
+    for run in runs/protocol_*/; do
+        name=$(basename "$run")
+        [ -f "$run/config.yaml" ] && [ ! -f "docs/runs/$name/results.csv" ] || continue
+        rm -rf "docs/runs/$name/unfinished"
+        for tag in "$run"*/; do
+            [ -f "$tag/checkpoint.pt" ] || continue
+            mkdir -p "docs/runs/$name/unfinished/$(basename "$tag")"
+            cp "$tag/checkpoint.pt" "docs/runs/$name/unfinished/$(basename "$tag")/"
+        done
+        cp "$run"/{config.yaml,log.csv} "docs/runs/$name/unfinished/"
+        echo "=== $name parked in docs/runs/$name/unfinished: git add it and commit; any machine's run resumes it"
+    done
+}
+if [ "${1:-}" = park ]; then
+    park
+    exit
+fi
 
 # join STEP PARTS...: the parts' records joined into docs/runs/STEP, once every one of them is recorded.
 join() {

@@ -1,0 +1,102 @@
+"""bench/benchmark.sh: parts skipped once recorded, resumed where they stopped, and parked for another machine.
+
+The script runs in a copy of its folder layout with a stand-in for Python that logs each train.py call and writes
+the record train.py would, so that the shell logic is tested in a second, without training anything."""
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "benchmark.sh"
+RECORD = ("config.yaml", "log.csv", "results.csv", "results.md")
+
+# The stand-in: `-c "import elpv_dataset"` succeeds, bench/merge.py makes its output folder, and train.py logs its
+# arguments with whether the run folder's checkpoint was there when it started, then writes the record.
+FAKE_PYTHON = """#!/usr/bin/env bash
+case "$1" in
+    -c) exit 0 ;;
+    bench/merge.py) mkdir -p "${@: -1}"; exit 0 ;;
+esac
+out=""; prev=""
+for a in "$@"; do [ "$prev" = --output ] && out=$a; prev=$a; done
+had=no; [ -f "$out/m@seed1/checkpoint.pt" ] && had="$(cat "$out/m@seed1/checkpoint.pt")"
+echo "$out|$had|$*" >> calls.log
+mkdir -p "$out"
+for f in config.yaml log.csv results.csv results.md; do echo "$f of $out" > "$out/$f"; done
+"""
+
+
+def layout(tmp_path: Path) -> Path:
+    root = tmp_path / "repo"
+    (root / "bench").mkdir(parents=True)
+    shutil.copy(SCRIPT, root / "bench" / "benchmark.sh")
+    python = root / "python"
+    python.write_text(FAKE_PYTHON)
+    python.chmod(0o755)
+    return root
+
+
+def run(root: Path, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHON=str(root / "python"), THREADS="1")
+    return subprocess.run(["bash", "bench/benchmark.sh", *args], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+
+
+def calls(root: Path) -> list[list[str]]:
+    return [line.split("|") for line in (root / "calls.log").read_text().splitlines()]
+
+
+def test_every_part_trained_once_and_recorded_then_skipped(tmp_path):
+    root = layout(tmp_path)
+    first = run(root)
+    assert first.returncode == 0, first.stderr
+    outs = [out for out, _, _ in calls(root)]
+    assert len(outs) == len(set(outs)) > 10 and all(out.startswith("runs/protocol_") for out in outs)
+    for out in outs:  # each part's record copied to docs/runs/<part>, started afresh (no --resume)
+        name = Path(out).name
+        assert [(root / "docs/runs" / name / f).read_text() for f in RECORD] == [f"{f} of {out}\n" for f in RECORD]
+    assert all("--resume" not in args.split() for _, _, args in calls(root))
+    assert (root / "docs/runs/protocol_fashion_papers_8x/").is_dir()  # the 80-epoch step joined
+    again = run(root)
+    assert again.returncode == 0 and len(calls(root)) == len(outs)  # all recorded: nothing trains again
+    assert "recorded in docs/runs/" in again.stdout
+
+
+def test_a_killed_part_resumes_on_the_same_machine(tmp_path):
+    root = layout(tmp_path)
+    (root / "runs/protocol_elpv_s0-2").mkdir(parents=True)  # a run folder a killed part left
+    assert run(root).returncode == 0
+    args = {out: args.split() for out, _, args in calls(root)}
+    assert "--resume" in args["runs/protocol_elpv_s0-2"] and "--resume" not in args["runs/protocol_elpv_s3-4"]
+
+
+def test_park_then_resume_on_another_machine(tmp_path):
+    here = layout(tmp_path / "a")
+    run_dir = here / "runs/protocol_fashion_papers_8x_ape_s2"
+    (run_dir / "m@seed1").mkdir(parents=True)
+    (run_dir / "m@seed1/checkpoint.pt").write_text("state after epoch 40")
+    (run_dir / "m@seed1/model.safetensors").write_text("weights")  # rewritten every epoch: not parked
+    (run_dir / "config.yaml").write_text("settings")
+    (run_dir / "log.csv").write_text("40 rows")
+    done = here / "runs/protocol_elpv_s0-2"  # recorded: nothing to park
+    done.mkdir()
+    (done / "config.yaml").write_text("settings")
+    (here / "docs/runs/protocol_elpv_s0-2").mkdir(parents=True)
+    (here / "docs/runs/protocol_elpv_s0-2/results.csv").write_text("record")
+    parked = run(here, "park")
+    assert parked.returncode == 0, parked.stderr
+    assert not (here / "calls.log").exists()  # park trains nothing
+    unfinished = here / "docs/runs/protocol_fashion_papers_8x_ape_s2/unfinished"
+    files = sorted(str(p.relative_to(unfinished)) for p in unfinished.rglob("*") if p.is_file())
+    assert files == ["config.yaml", "log.csv", "m@seed1/checkpoint.pt"]
+    assert not (here / "docs/runs/protocol_elpv_s0-2/unfinished").exists()
+    # another machine: a fresh checkout holds docs/ (what git carried) but no runs/
+    there = layout(tmp_path / "b")
+    shutil.copytree(here / "docs", there / "docs")
+    assert run(there).returncode == 0
+    by_out = {out: (had, args.split()) for out, had, args in calls(there)}
+    had, args = by_out["runs/protocol_fashion_papers_8x_ape_s2"]
+    assert had == "state after epoch 40" and "--resume" in args  # resumed from the parked checkpoint
+    assert not (there / "docs/runs/protocol_fashion_papers_8x_ape_s2/unfinished").exists()  # recorded: removed
+    assert (there / "docs/runs/protocol_fashion_papers_8x_ape_s2/results.csv").exists()
