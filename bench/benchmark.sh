@@ -46,6 +46,11 @@ part() {
     fi
     local resume=() parked="docs/runs/$name/unfinished"
     if [ ! -d "runs/$name" ] && [ -f "$parked/config.yaml" ]; then  # parked on another machine: resume from there
+        if [ -L "$parked" ] || [ -n "$(find "$parked" ! -type f ! -type d -print -quit)" ]; then
+            echo "error: $parked holds a link or a special file, where park leaves plain files only; delete it to" \
+                "train $name anew" >&2
+            exit 1
+        fi
         mkdir -p runs
         cp -r "$parked" "runs/$name"
         echo "=== $name: resumed from $parked"

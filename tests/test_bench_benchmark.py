@@ -100,3 +100,22 @@ def test_park_then_resume_on_another_machine(tmp_path):
     assert had == "state after epoch 40" and "--resume" in args  # resumed from the parked checkpoint
     assert not (there / "docs/runs/protocol_fashion_papers_8x_ape_s2/unfinished").exists()  # recorded: removed
     assert (there / "docs/runs/protocol_fashion_papers_8x_ape_s2/results.csv").exists()
+
+
+def test_a_parked_part_with_a_link_is_refused(tmp_path):
+    for target in ("file", "folder"):
+        root = layout(tmp_path / target)
+        unfinished = root / "docs/runs/protocol_elpv_s0-2/unfinished"
+        unfinished.mkdir(parents=True)
+        (unfinished / "config.yaml").write_text("settings")
+        outside = tmp_path / target / "outside"
+        outside.mkdir()
+        if target == "file":  # a checkpoint that points elsewhere
+            (unfinished / "m@seed1").mkdir()
+            (unfinished / "m@seed1/checkpoint.pt").symlink_to(outside / "secret")
+        else:  # the whole folder a link (its config.yaml then read through it)
+            shutil.move(unfinished, outside / "unfinished")
+            unfinished.symlink_to(outside / "unfinished")
+        refused = run(root)
+        assert refused.returncode == 1 and "holds a link or a special file" in refused.stderr
+        assert not (root / "calls.log").exists() and not (root / "runs/protocol_elpv_s0-2").exists()
