@@ -3,7 +3,7 @@
 #
 #     bash bench/benchmark.sh              # start, or continue: a part already recorded is skipped, a killed one resumed
 #     THREADS=1 bash bench/benchmark.sh    # leave a core free (default: every core)
-#     bash bench/benchmark.sh park         # before the machine goes: the unfinished part's resume state, for git
+#     bash bench/benchmark.sh park         # before the machine goes: the unfinished part's resume state for git
 #
 # A part is one train.py run folder, runs/<part>. When it finishes, its record (config.yaml, log.csv, results.csv,
 # results.md; not the weights) is copied to docs/runs/<part>/, which git tracks; a part recorded there is done, and
@@ -11,8 +11,8 @@
 # stopped on the same machine. Each is at most about 2 hours on 2 cores (the times below, measured on the machine of
 # docs/results.md's cost table; a slower one took 145 s an epoch, not 80); one that cannot finish in a sitting is
 # parked before the machine goes: `park` copies its resume state (config.yaml, log.csv, each model's checkpoint.pt:
-# weights-only tensors, checked on load) to docs/runs/<part>/unfinished/ for git, and a later run on any machine
-# resumes from there (and deletes that folder once the part is recorded). Once every part of a step is
+# weights-only tensors, checked on load; results.json) to docs/runs/<part>/unfinished/ for git, and a later run on
+# any machine resumes from there (and deletes that folder once the part is recorded). Once every part of a step is
 # recorded, bench/merge.py joins them into docs/runs/<step>/ (results.csv, results.md and the figures), where
 # docs/results.md's tables come from.
 #
@@ -64,7 +64,8 @@ part() {
 }
 
 # park: each started, unrecorded part's resume state copied to docs/runs/<part>/unfinished/ (checkpoints first, so
-# that the log is never behind them: train.py drops a resumed log's rows past its checkpoint).
+# that the log is never behind them: train.py drops a resumed log's rows past its checkpoint; a model's results.json
+# where it has one).
 park() {
     local run name tag
     for run in runs/protocol_*/; do
@@ -75,6 +76,8 @@ park() {
             [ -f "$tag/checkpoint.pt" ] || continue
             mkdir -p "docs/runs/$name/unfinished/$(basename "$tag")"
             cp "$tag/checkpoint.pt" "docs/runs/$name/unfinished/$(basename "$tag")/"
+            # a model of the part that is trained and tested already keeps its results (train.py checks them)
+            [ -f "$tag/results.json" ] && cp "$tag/results.json" "docs/runs/$name/unfinished/$(basename "$tag")/"
         done
         cp "$run"/{config.yaml,log.csv} "docs/runs/$name/unfinished/"
         echo "=== $name parked in docs/runs/$name/unfinished: git add it and commit; any machine's run resumes it"

@@ -77,6 +77,9 @@ def test_park_then_resume_on_another_machine(tmp_path):
     (run_dir / "m@seed1").mkdir(parents=True)
     (run_dir / "m@seed1/checkpoint.pt").write_text("state after epoch 40")
     (run_dir / "m@seed1/model.safetensors").write_text("weights")  # rewritten every epoch: not parked
+    (run_dir / "m@seed0").mkdir()  # a model of the part already trained and tested
+    (run_dir / "m@seed0/checkpoint.pt").write_text("state after epoch 80")
+    (run_dir / "m@seed0/results.json").write_text("its results")
     (run_dir / "config.yaml").write_text("settings")
     (run_dir / "log.csv").write_text("40 rows")
     done = here / "runs/protocol_elpv_s0-2"  # recorded: nothing to park
@@ -89,7 +92,7 @@ def test_park_then_resume_on_another_machine(tmp_path):
     assert not (here / "calls.log").exists()  # park trains nothing
     unfinished = here / "docs/runs/protocol_fashion_papers_8x_ape_s2/unfinished"
     files = sorted(str(p.relative_to(unfinished)) for p in unfinished.rglob("*") if p.is_file())
-    assert files == ["config.yaml", "log.csv", "m@seed1/checkpoint.pt"]
+    assert files == ["config.yaml", "log.csv", "m@seed0/checkpoint.pt", "m@seed0/results.json", "m@seed1/checkpoint.pt"]
     assert not (here / "docs/runs/protocol_elpv_s0-2/unfinished").exists()
     # another machine: a fresh checkout holds docs/ (what git carried) but no runs/
     there = layout(tmp_path / "b")
