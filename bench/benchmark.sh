@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The trained resolution benchmark of docs/results.md, in parts a session can finish, in order of what they tell:
 #
-#     bash bench/benchmark.sh              # start, or continue: a part already recorded is skipped, a killed one resumed
+#     bash bench/benchmark.sh              # start or continue: a part already recorded is skipped, a killed one resumed
 #     THREADS=1 bash bench/benchmark.sh    # leave a core free (default: every core)
 #     bash bench/benchmark.sh park         # before the machine goes: the unfinished part's resume state for git
 #
