@@ -77,7 +77,9 @@ park() {
             mkdir -p "docs/runs/$name/unfinished/$(basename "$tag")"
             cp "$tag/checkpoint.pt" "docs/runs/$name/unfinished/$(basename "$tag")/"
             # a model of the part that is trained and tested already keeps its results (train.py checks them)
-            [ -f "$tag/results.json" ] && cp "$tag/results.json" "docs/runs/$name/unfinished/$(basename "$tag")/"
+            if [ -f "$tag/results.json" ]; then
+                cp "$tag/results.json" "docs/runs/$name/unfinished/$(basename "$tag")/"
+            fi
         done
         cp "$run"/{config.yaml,log.csv} "docs/runs/$name/unfinished/"
         echo "=== $name parked in docs/runs/$name/unfinished: git add it and commit; any machine's run resumes it"
