@@ -3,7 +3,7 @@
 #
 #     bash bench/benchmark.sh              # start or continue: a part already recorded is skipped, a killed one resumed
 #     THREADS=1 bash bench/benchmark.sh    # leave a core free (default: every core)
-#     bash bench/benchmark.sh park         # before the machine goes: the unfinished part's resume state for git
+#     PARKED=DIR bash bench/benchmark.sh park  # before the machine goes: unfinished parts' resume state to DIR
 #
 # A part is one train.py run folder, runs/<part>. When it finishes, its record (config.yaml, log.csv, results.csv,
 # results.md; not the weights) is copied to docs/runs/<part>/, which git tracks; a part recorded there is done, and
@@ -11,8 +11,9 @@
 # stopped on the same machine. Each is at most about 2 hours on 2 cores (the times below, measured on the machine of
 # docs/results.md's cost table; a slower one took 145 s an epoch, not 80); one that cannot finish in a sitting is
 # parked before the machine goes: `park` copies its resume state (config.yaml, log.csv, each model's checkpoint.pt:
-# weights-only tensors, checked on load; results.json) to docs/runs/<part>/unfinished/ for git, and a later run on
-# any machine resumes from there (and deletes that folder once the part is recorded). Once every part of a step is
+# weights-only tensors, checked on load; results.json) to $PARKED/<part>/, storage outside the repository that
+# outlives the machine (checkpoints stay out of git), and a later `PARKED=DIR bash bench/benchmark.sh` on any
+# machine resumes from there (and deletes that folder once the part is recorded). Once every part of a step is
 # recorded, bench/merge.py joins them into docs/runs/<step>/ (results.csv, results.md and the figures), where
 # docs/results.md's tables come from.
 #
@@ -44,8 +45,9 @@ part() {
         echo "=== $name: recorded in docs/runs/$name (delete that folder to train it again)"
         return
     fi
-    local resume=() parked="docs/runs/$name/unfinished"
-    if [ ! -d "runs/$name" ] && [ -f "$parked/config.yaml" ]; then  # parked on another machine: resume from there
+    local resume=() parked="${PARKED:-/nonexistent}/$name"
+    # parked on another machine (PARKED set): resume from there
+    if [ -n "${PARKED:-}" ] && [ ! -d "runs/$name" ] && [ -f "$parked/config.yaml" ]; then
         if [ -L "$parked" ] || [ -n "$(find "$parked" ! -type f ! -type d -print -quit)" ]; then
             echo "error: $parked holds a link or a special file, where park leaves plain files only; delete it to" \
                 "train $name anew" >&2
@@ -60,29 +62,42 @@ part() {
     "$PYTHON" train.py "$@" --output "runs/$name" "${resume[@]}"
     mkdir -p "docs/runs/$name"
     cp "runs/$name"/{config.yaml,log.csv,results.csv,results.md} "docs/runs/$name/"
-    rm -rf "$parked"
+    [ -n "${PARKED:-}" ] && rm -rf "$parked"
+    return 0
 }
 
-# park: each started, unrecorded part's resume state copied to docs/runs/<part>/unfinished/ (checkpoints first, so
+# park: each started, unrecorded part's resume state copied to $PARKED/<part>/ (checkpoints first, so
 # that the log is never behind them: train.py drops a resumed log's rows past its checkpoint; a model's results.json
 # where it has one).
 park() {
-    local run name tag
+    local run name tag root
+    root=$(pwd -P)
+    if [ -z "${PARKED:-}" ]; then
+        echo "error: park needs PARKED=DIR, a folder outside the repository that outlives this machine" >&2
+        exit 1
+    fi
+    mkdir -p "$PARKED"
+    case "$(cd "$PARKED" && pwd -P)/" in
+        "$root"/*)
+            echo "error: PARKED=$PARKED is inside the repository; checkpoints belong outside it (git keeps none)" >&2
+            exit 1
+            ;;
+    esac
     for run in runs/protocol_*/; do
         name=$(basename "$run")
         [ -f "$run/config.yaml" ] && [ ! -f "docs/runs/$name/results.csv" ] || continue
-        rm -rf "docs/runs/$name/unfinished"
+        rm -rf "${PARKED:?}/$name"
         for tag in "$run"*/; do
             [ -f "$tag/checkpoint.pt" ] || continue
-            mkdir -p "docs/runs/$name/unfinished/$(basename "$tag")"
-            cp "$tag/checkpoint.pt" "docs/runs/$name/unfinished/$(basename "$tag")/"
+            mkdir -p "$PARKED/$name/$(basename "$tag")"
+            cp "$tag/checkpoint.pt" "$PARKED/$name/$(basename "$tag")/"
             # a model of the part that is trained and tested already keeps its results (train.py checks them)
             if [ -f "$tag/results.json" ]; then
-                cp "$tag/results.json" "docs/runs/$name/unfinished/$(basename "$tag")/"
+                cp "$tag/results.json" "$PARKED/$name/$(basename "$tag")/"
             fi
         done
-        cp "$run"/{config.yaml,log.csv} "docs/runs/$name/unfinished/"
-        echo "=== $name parked in docs/runs/$name/unfinished: git add it and commit; any machine's run resumes it"
+        cp "$run"/{config.yaml,log.csv} "$PARKED/$name/"
+        echo "=== $name parked in $PARKED/$name: PARKED=$PARKED bash bench/benchmark.sh resumes it on any machine"
     done
 }
 if [ "${1:-}" = park ]; then

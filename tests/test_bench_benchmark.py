@@ -1,4 +1,4 @@
-"""bench/benchmark.sh: parts skipped once recorded, resumed where they stopped, and parked for another machine.
+"""bench/benchmark.sh: parts skipped once recorded, resumed where they stopped, parked outside the repository.
 
 The script runs in a copy of its folder layout with a stand-in for Python that logs each train.py call and writes
 the record train.py would, so that the shell logic is tested in a second, without training anything."""
@@ -37,8 +37,8 @@ def layout(tmp_path: Path) -> Path:
     return root
 
 
-def run(root: Path, *args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHON=str(root / "python"), THREADS="1")
+def run(root: Path, *args: str, parked: Path | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHON=str(root / "python"), THREADS="1") | ({"PARKED": str(parked)} if parked else {})
     return subprocess.run(["bash", "bench/benchmark.sh", *args], cwd=root, env=env, capture_output=True, text=True,
                           timeout=60)  # fmt: skip
 
@@ -87,28 +87,32 @@ def test_park_then_resume_on_another_machine(tmp_path):
     (done / "config.yaml").write_text("settings")
     (here / "docs/runs/protocol_elpv_s0-2").mkdir(parents=True)
     (here / "docs/runs/protocol_elpv_s0-2/results.csv").write_text("record")
-    parked = run(here, "park")
+    shelf = tmp_path / "shelf"  # storage outside the repository that outlives the machine
+    assert "needs PARKED" in run(here, "park").stderr
+    inside = run(here, "park", parked=here / "docs/parked")
+    assert inside.returncode == 1 and "inside the repository" in inside.stderr
+    parked = run(here, "park", parked=shelf)
     assert parked.returncode == 0, parked.stderr
     assert not (here / "calls.log").exists()  # park trains nothing
-    unfinished = here / "docs/runs/protocol_fashion_papers_8x_ape_s2/unfinished"
+    unfinished = shelf / "protocol_fashion_papers_8x_ape_s2"
     files = sorted(str(p.relative_to(unfinished)) for p in unfinished.rglob("*") if p.is_file())
     assert files == ["config.yaml", "log.csv", "m@seed0/checkpoint.pt", "m@seed0/results.json", "m@seed1/checkpoint.pt"]
-    assert not (here / "docs/runs/protocol_elpv_s0-2/unfinished").exists()
+    assert not (shelf / "protocol_elpv_s0-2").exists()
     # another machine: a fresh checkout holds docs/ (what git carried) but no runs/
     there = layout(tmp_path / "b")
     shutil.copytree(here / "docs", there / "docs")
-    assert run(there).returncode == 0
+    assert run(there, parked=shelf).returncode == 0
     by_out = {out: (had, args.split()) for out, had, args in calls(there)}
     had, args = by_out["runs/protocol_fashion_papers_8x_ape_s2"]
     assert had == "state after epoch 40" and "--resume" in args  # resumed from the parked checkpoint
-    assert not (there / "docs/runs/protocol_fashion_papers_8x_ape_s2/unfinished").exists()  # recorded: removed
+    assert not unfinished.exists()  # recorded: removed
     assert (there / "docs/runs/protocol_fashion_papers_8x_ape_s2/results.csv").exists()
 
 
 def test_a_parked_part_with_a_link_is_refused(tmp_path):
     for target in ("file", "folder"):
         root = layout(tmp_path / target)
-        unfinished = root / "docs/runs/protocol_elpv_s0-2/unfinished"
+        unfinished = tmp_path / target / "shelf/protocol_elpv_s0-2"
         unfinished.mkdir(parents=True)
         (unfinished / "config.yaml").write_text("settings")
         outside = tmp_path / target / "outside"
@@ -119,6 +123,6 @@ def test_a_parked_part_with_a_link_is_refused(tmp_path):
         else:  # the whole folder a link (its config.yaml then read through it)
             shutil.move(unfinished, outside / "unfinished")
             unfinished.symlink_to(outside / "unfinished")
-        refused = run(root)
+        refused = run(root, parked=unfinished.parent)
         assert refused.returncode == 1 and "holds a link or a special file" in refused.stderr
         assert not (root / "calls.log").exists() and not (root / "runs/protocol_elpv_s0-2").exists()
