@@ -71,10 +71,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[Settings, dict]:
     return parse(argv, HERE / "configs" / "default.yaml", __doc__)
 
 
-# ------------------------------------------------------------------------------------- checks before a run
-
-
-# ------------------------------------------------------------------------------------------------------ data
+# ------------------------------------------------------------------------------------------------------ model
 
 
 def compiled(module: torch.nn.Module, settings: Settings) -> torch.nn.Module:
