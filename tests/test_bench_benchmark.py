@@ -1,8 +1,10 @@
-"""bench/benchmark.sh: parts skipped once recorded, resumed where they stopped, parked outside the repository.
+"""bench/benchmark.sh: parts skipped once recorded, resumed where they stopped, parked outside the repository, shared
+out among workers.
 
 The script runs in a copy of its folder layout with a stand-in for Python that logs each train.py call and writes
 the record train.py would, so that the shell logic is tested in a second, without training anything."""
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -12,7 +14,8 @@ SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "benchmark.sh"
 RECORD = ("config.yaml", "log.csv", "results.csv", "results.md")
 
 # The stand-in: `-c "import elpv_dataset"` succeeds, bench/merge.py makes its output folder, and train.py logs its
-# arguments with whether the run folder's checkpoint was there when it started, then writes the record.
+# arguments with whether the run folder's checkpoint was there when it started (and its threads in threads.log), takes
+# $FAKE_SECONDS to train, then writes the record.
 FAKE_PYTHON = """#!/usr/bin/env bash
 case "$1" in
     -c) exit 0 ;;
@@ -22,6 +25,8 @@ out=""; prev=""
 for a in "$@"; do [ "$prev" = --output ] && out=$a; prev=$a; done
 had=no; [ -f "$out/m@seed1/checkpoint.pt" ] && had="$(cat "$out/m@seed1/checkpoint.pt")"
 echo "$out|$had|$*" >> calls.log
+echo "$OMP_NUM_THREADS" >> threads.log
+sleep "${FAKE_SECONDS:-0}"
 mkdir -p "$out"
 for f in config.yaml log.csv results.csv results.md; do echo "$f of $out" > "$out/$f"; done
 """
@@ -37,8 +42,9 @@ def layout(tmp_path: Path) -> Path:
     return root
 
 
-def run(root: Path, *args: str, parked: Path | None = None) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHON=str(root / "python"), THREADS="1") | ({"PARKED": str(parked)} if parked else {})
+def run(root: Path, *args: str, parked: Path | None = None, **env: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHON=str(root / "python"), THREADS="1") | ({"PARKED": str(parked)} if parked else {}) | env
+    env = {k: v for k, v in env.items() if v}  # (THREADS="" unsets it)
     return subprocess.run(["bash", "bench/benchmark.sh", *args], cwd=root, env=env, capture_output=True, text=True,
                           timeout=60)  # fmt: skip
 
@@ -126,3 +132,43 @@ def test_a_parked_part_with_a_link_is_refused(tmp_path):
         refused = run(root, parked=unfinished.parent)
         assert refused.returncode == 1 and "holds a link or a special file" in refused.stderr
         assert not (root / "calls.log").exists() and not (root / "runs/protocol_elpv_s0-2").exists()
+
+
+def test_two_workers_share_the_parts_out_and_join_each_step_once_it_is_whole(tmp_path):
+    alone, shared = layout(tmp_path / "alone"), layout(tmp_path / "shared")
+    assert run(alone).returncode == 0
+    both = run(shared, JOBS="2", THREADS="", FAKE_SECONDS="0.3")
+    assert both.returncode == 0, both.stderr
+    outs = [out for out, _, _ in calls(shared)]
+    assert sorted(outs) == sorted(out for out, _, _ in calls(alone))  # every part, each once
+    started = [line for line in both.stdout.splitlines() if " train.py " in line]
+    assert {line[:4] for line in started} == {"[1] ", "[2] "}  # both workers trained parts
+    assert "another worker is training it" in both.stdout
+    threads = max(os.cpu_count() // 2, 1)  # the cores shared out
+    assert (shared / "threads.log").read_text().split() == [str(threads)] * len(outs)
+    for step in ("protocol_elpv", "protocol_fashion_families", "protocol_fashion_papers_8x", "protocol_fashion"):
+        assert (shared / "docs/runs" / step).is_dir()
+    assert list((shared / "runs").glob(".*.lock"))  # the claims: empty files, in runs/ (not tracked)
+
+
+def test_a_part_another_process_trains_is_skipped_and_its_step_not_joined(tmp_path):
+    root = layout(tmp_path)
+    (root / "runs").mkdir()
+    with open(root / "runs/.protocol_elpv_s0-2.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another worker, training it
+        result = run(root)
+    assert result.returncode == 0, result.stderr
+    assert "=== protocol_elpv_s0-2: another worker is training it (JOBS); skipped here" in result.stdout
+    outs = [out for out, _, _ in calls(root)]
+    assert "runs/protocol_elpv_s0-2" not in outs and "runs/protocol_elpv_s3-4" in outs
+    assert not (root / "docs/runs/protocol_elpv").exists()  # a part short: not joined
+    assert run(root).returncode == 0  # its claim gone: trained, then the step joined
+    assert calls(root)[-1][0] == "runs/protocol_elpv_s0-2" and (root / "docs/runs/protocol_elpv").is_dir()
+
+
+def test_jobs_must_be_a_whole_number(tmp_path):
+    root = layout(tmp_path)
+    for jobs in ("0", "two", "-1", "1.5"):
+        refused = run(root, JOBS=jobs)
+        assert refused.returncode == 1 and f"JOBS={jobs}: the number of parts" in refused.stderr
+    assert not (root / "calls.log").exists()
