@@ -2,8 +2,8 @@
 # The trained resolution benchmark of docs/results.md, in parts a session can finish, in order of what they tell:
 #
 #     bash bench/benchmark.sh              # start or continue: a part already recorded is skipped, a killed one resumed
-#     THREADS=1 bash bench/benchmark.sh    # leave a core free (default: every core)
-#     JOBS=2 bash bench/benchmark.sh       # two parts at once, the cores shared out (a thread each on 2 cores)
+#     THREADS=1 bash bench/benchmark.sh    # leave a core free (default: every core, shared out among JOBS)
+#     JOBS=2 bash bench/benchmark.sh       # two parts at once, a thread each on 2 cores; Ctrl-C stops both
 #     PARKED=DIR bash bench/benchmark.sh park  # before the machine goes: unfinished parts' resume state to DIR
 #
 # A part is one train.py run folder, runs/<part>. When it finishes, its record (config.yaml, log.csv, results.csv,
@@ -19,11 +19,14 @@
 # docs/results.md's tables come from.
 #
 # JOBS=N starts N workers, each taking the next part no other is training (a part is claimed with flock on
-# runs/.<part>.lock, which goes with the process that holds it, a killed one too), with THREADS = cores / N each. The
-# tiny models use two cores poorly: on the 2-core AVX2 machine one epoch of 100 steps of the papers' recipe took 34 s
-# with two threads, 40 s with one, and 42-45 s with one each beside another such run: two parts side by side
-# finish 1.5 times as many epochs an hour as one at a time (2026-11-29). The worker that records a step's last part
-# joins it.
+# runs/.<part>.lock, which goes with the process that holds it, a killed one too), with cores / N threads each
+# (THREADS: each worker's). The tiny models use two cores poorly: on the 2-core AVX2 machine one epoch of 100 steps
+# of the papers' recipe took 34 s with two threads, 40 s with one, and 42-45 s with one each beside another such
+# run: two parts side by side finish about 1.5 times as many epochs an hour as one at a time (2026-11-29; the parts'
+# own epochs: docs/results.md, "What the benchmark costs"). A worker that finds every part of a step recorded joins
+# it (merge.py writes the same files again where another did). One whose part fails stops; the others go on, and
+# the script's exit status is then 1. Ctrl-C stops them all (each train.py with its one line); a `kill` of the
+# script leaves the train.py runs going, as with one worker.
 #
 #   ELPV, six models, 5 seeds (~6 min a run): seeds 0-2, then 3-4          -> docs/runs/protocol_elpv
 #   Fashion-MNIST, the convergence check (APE, axial RoPE, 20 epochs, seed 0), tested at every size (~35 min)
@@ -50,7 +53,7 @@ case "$JOBS" in
         exit 1
         ;;
 esac
-threads=$(($(nproc) / JOBS))
+threads=$(($(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) / JOBS))  # (nproc counts OMP_NUM_THREADS)
 export OMP_NUM_THREADS=${THREADS:-$((threads > 0 ? threads : 1))}
 if ! command -v flock > /dev/null; then
     if [ "$JOBS" != 1 ]; then
@@ -58,6 +61,10 @@ if ! command -v flock > /dev/null; then
         exit 1
     fi
     flock() { :; }  # one worker: nothing to share out
+fi
+if [ "$JOBS" != 1 ] && ! env --default-signal=INT true 2> /dev/null; then
+    echo "error: JOBS=$JOBS needs GNU env (coreutils 8.31 or later) for Ctrl-C to reach its workers; JOBS=1" >&2
+    exit 1
 fi
 
 # part NAME ARGS...: train.py ARGS into runs/NAME (resuming the run there if there is one), its record then copied
@@ -95,8 +102,11 @@ part() {
     [ -d "runs/$name" ] && resume=(--resume)  # a folder without config.yaml yet: train.py starts the run
     echo "=== $(date -u +%H:%M:%S) train.py $* --output runs/$name ${resume[*]}"
     "$PYTHON" train.py "$@" --output "runs/$name" "${resume[@]}"
-    mkdir -p "docs/runs/$name"
-    cp "runs/$name"/{config.yaml,log.csv,results.csv,results.md} "docs/runs/$name/"
+    # the record copied whole into place: a worker joining the step never reads half a file
+    rm -rf "docs/runs/.$name.tmp" "docs/runs/$name"
+    mkdir -p "docs/runs/.$name.tmp"
+    cp "runs/$name"/{config.yaml,log.csv,results.csv,results.md} "docs/runs/.$name.tmp/"
+    mv "docs/runs/.$name.tmp" "docs/runs/$name"
     [ -n "${PARKED:-}" ] && rm -rf "$parked"
     exec {lock}>&-
     return 0
@@ -144,7 +154,8 @@ fi
 if [ "$JOBS" -gt 1 ]; then  # N workers of JOBS=1, each line of a worker's output led by its number
     workers=()
     for worker in $(seq "$JOBS"); do
-        JOBS=1 THREADS=$OMP_NUM_THREADS bash "$0" "$@" 2>&1 | sed -u "s/^/[$worker] /" &
+        # (a command started with & ignores SIGINT; env restores it, so that Ctrl-C reaches every train.py)
+        JOBS=1 THREADS=$OMP_NUM_THREADS env --default-signal=INT bash "$0" "$@" 2>&1 | sed -u "s/^/[$worker] /" &
         workers+=($!)
         sleep 1  # (in order: worker 1 claims the first part that is not recorded)
     done

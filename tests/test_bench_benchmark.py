@@ -7,7 +7,9 @@ the record train.py would, so that the shell logic is tested in a second, withou
 import fcntl
 import os
 import shutil
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "benchmark.sh"
@@ -15,7 +17,7 @@ RECORD = ("config.yaml", "log.csv", "results.csv", "results.md")
 
 # The stand-in: `-c "import elpv_dataset"` succeeds, bench/merge.py makes its output folder, and train.py logs its
 # arguments with whether the run folder's checkpoint was there when it started (and its threads in threads.log), takes
-# $FAKE_SECONDS to train, then writes the record.
+# $FAKE_SECONDS to train (the part $FAKE_FAIL fails), then writes the record.
 FAKE_PYTHON = """#!/usr/bin/env bash
 case "$1" in
     -c) exit 0 ;;
@@ -27,6 +29,7 @@ had=no; [ -f "$out/m@seed1/checkpoint.pt" ] && had="$(cat "$out/m@seed1/checkpoi
 echo "$out|$had|$*" >> calls.log
 echo "$OMP_NUM_THREADS" >> threads.log
 sleep "${FAKE_SECONDS:-0}"
+[ "${out#runs/}" = "${FAKE_FAIL:-}" ] && exit 1
 mkdir -p "$out"
 for f in config.yaml log.csv results.csv results.md; do echo "$f of $out" > "$out/$f"; done
 """
@@ -44,7 +47,7 @@ def layout(tmp_path: Path) -> Path:
 
 def run(root: Path, *args: str, parked: Path | None = None, **env: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHON=str(root / "python"), THREADS="1") | ({"PARKED": str(parked)} if parked else {}) | env
-    env = {k: v for k, v in env.items() if v}  # (THREADS="" unsets it)
+    env = {k: v for k, v in env.items() if v and not k.startswith("OMP_")}  # (THREADS="" unsets it)
     return subprocess.run(["bash", "bench/benchmark.sh", *args], cwd=root, env=env, capture_output=True, text=True,
                           timeout=60)  # fmt: skip
 
@@ -144,7 +147,7 @@ def test_two_workers_share_the_parts_out_and_join_each_step_once_it_is_whole(tmp
     started = [line for line in both.stdout.splitlines() if " train.py " in line]
     assert {line[:4] for line in started} == {"[1] ", "[2] "}  # both workers trained parts
     assert "another worker is training it" in both.stdout
-    threads = max(os.cpu_count() // 2, 1)  # the cores shared out
+    threads = max(len(os.sched_getaffinity(0)) // 2, 1)  # the cores shared out
     assert (shared / "threads.log").read_text().split() == [str(threads)] * len(outs)
     for step in ("protocol_elpv", "protocol_fashion_families", "protocol_fashion_papers_8x", "protocol_fashion"):
         assert (shared / "docs/runs" / step).is_dir()
@@ -172,3 +175,42 @@ def test_jobs_must_be_a_whole_number(tmp_path):
         refused = run(root, JOBS=jobs)
         assert refused.returncode == 1 and f"JOBS={jobs}: the number of parts" in refused.stderr
     assert not (root / "calls.log").exists()
+
+
+def test_a_failed_part_stops_its_worker_and_the_exit_status_says_so(tmp_path):
+    root = layout(tmp_path)
+    result = run(root, JOBS="2", FAKE_FAIL="protocol_elpv_s3-4")
+    assert result.returncode == 1
+    assert not (root / "docs/runs/protocol_elpv_s3-4").exists() and not (root / "docs/runs/protocol_elpv").exists()
+    assert (root / "docs/runs/protocol_elpv_s0-2/results.csv").exists()
+
+
+def test_ctrl_c_stops_every_worker_and_its_training(tmp_path):
+    """A command started with & ignores SIGINT: the workers must not, or Ctrl-C would leave them training."""
+    root = layout(tmp_path)
+    env = dict(os.environ, PYTHON=str(root / "python"), JOBS="2", FAKE_SECONDS="60")
+    script = subprocess.Popen(["bash", "bench/benchmark.sh"], cwd=root, env=env, start_new_session=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    deadline = time.monotonic() + 30
+    while not ((root / "calls.log").exists() and len(calls(root)) == 2) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(calls(root)) == 2  # both workers training
+    os.killpg(script.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole foreground group
+    try:
+        script.wait(timeout=15)
+        while time.monotonic() < deadline + 15 and group_alive(script.pid):  # the workers and their train.py too
+            time.sleep(0.1)
+        assert not group_alive(script.pid), "a worker or its training outlived Ctrl-C"
+    finally:
+        if group_alive(script.pid):
+            os.killpg(script.pid, signal.SIGKILL)
+    assert script.returncode != 0 and len(calls(root)) == 2  # nothing trained on
+    assert not list((root / "docs").rglob("results.csv"))
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
