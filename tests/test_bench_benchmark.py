@@ -137,7 +137,7 @@ def test_a_parked_part_with_a_link_is_refused(tmp_path):
         assert not (root / "calls.log").exists() and not (root / "runs/protocol_elpv_s0-2").exists()
 
 
-def test_two_workers_share_the_parts_out_and_join_each_step_once_it_is_whole(tmp_path):
+def test_two_workers_share_the_parts_out_and_join_every_whole_step(tmp_path):
     alone, shared = layout(tmp_path / "alone"), layout(tmp_path / "shared")
     assert run(alone).returncode == 0
     both = run(shared, JOBS="2", THREADS="", FAKE_SECONDS="0.3")
