@@ -66,7 +66,8 @@ def test_every_part_trained_once_and_recorded_then_skipped(tmp_path):
         name = Path(out).name
         assert [(root / "docs/runs" / name / f).read_text() for f in RECORD] == [f"{f} of {out}\n" for f in RECORD]
     assert all("--resume" not in args.split() for _, _, args in calls(root))
-    assert (root / "docs/runs/protocol_fashion_papers_8x/").is_dir()  # the 80-epoch step joined
+    for step in ("protocol_fashion_papers_8x_s0-2", "protocol_fashion_papers_8x"):  # the 80-epoch step at 3 seeds, 5
+        assert (root / "docs/runs" / step).is_dir()
     again = run(root)
     assert again.returncode == 0 and len(calls(root)) == len(outs)  # all recorded: nothing trains again
     assert "recorded in docs/runs/" in again.stdout
@@ -149,7 +150,9 @@ def test_two_workers_share_the_parts_out_and_join_every_whole_step(tmp_path):
     assert "another worker is training it" in both.stdout
     threads = max(len(os.sched_getaffinity(0)) // 2, 1)  # the cores shared out
     assert (shared / "threads.log").read_text().split() == [str(threads)] * len(outs)
-    for step in ("protocol_elpv", "protocol_fashion_families", "protocol_fashion_papers_8x", "protocol_fashion"):
+    steps = ("protocol_elpv", "protocol_fashion_families", "protocol_fashion_papers_8x_s0-2",
+             "protocol_fashion_papers_8x", "protocol_fashion")  # fmt: skip
+    for step in steps:
         assert (shared / "docs/runs" / step).is_dir()
     assert list((shared / "runs").glob(".*.lock"))  # the claims: empty files, in runs/ (not tracked)
 
@@ -167,6 +170,14 @@ def test_a_part_another_process_trains_is_skipped_and_its_step_not_joined(tmp_pa
     assert not (root / "docs/runs/protocol_elpv").exists()  # a part short: not joined
     assert run(root).returncode == 0  # its claim gone: trained, then the step joined
     assert calls(root)[-1][0] == "runs/protocol_elpv_s0-2" and (root / "docs/runs/protocol_elpv").is_dir()
+
+
+def test_the_papers_recipe_is_joined_at_3_seeds_before_seeds_3_and_4_train(tmp_path):
+    root = layout(tmp_path)
+    result = run(root, FAKE_FAIL="protocol_fashion_papers_8x_ape_s3")  # the first part of seeds 3-4
+    assert result.returncode != 0
+    assert (root / "docs/runs/protocol_fashion_papers_8x_s0-2").is_dir()
+    assert not (root / "docs/runs/protocol_fashion_papers_8x").exists()
 
 
 def test_jobs_must_be_a_whole_number(tmp_path):
