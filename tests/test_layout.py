@@ -146,11 +146,26 @@ def test_every_readme_snippet_runs_as_written(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
 
 
+def anchors(page: Path) -> set[str]:
+    """The #fragments GitHub gives ``page``'s headings: lower case, spaces as hyphens, all but letters, digits, _
+    and - dropped (× and – too), a repeated one numbered -1, -2, ..."""
+    seen: dict[str, int] = {}
+    for heading in re.findall(r"^#+ (.+)$", re.sub(r"```.*?```", "", page.read_text(), flags=re.S), re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        seen[slug] = seen.get(slug, -1) + 1
+        if seen[slug]:
+            seen[f"{slug}-{seen[slug]}"] = 0
+    return set(seen)
+
+
 @pytest.mark.parametrize("page", ["README.md", *sorted(p.name for p in (ROOT / "docs").glob("*.md"))])
 def test_every_relative_link_resolves(page):
-    """Each relative link (and image) of README.md and docs/*.md names a file that exists."""
+    """Each relative link (and image) of README.md and docs/*.md names a file that exists, and a heading of it where
+    the link names one (#fragment)."""
     path = ROOT / page if page == "README.md" else ROOT / "docs" / page
-    targets = re.findall(r"\]\(([^)\s]+)\)", path.read_text())
-    missing = [t for t in targets if "://" not in t and not t.startswith("#")
-               and not (path.parent / t.split("#")[0]).exists()]  # fmt: skip
+    targets = [t for t in re.findall(r"\]\(([^)\s]+)\)", path.read_text()) if "://" not in t]
+    files = {t: path.parent / t.split("#")[0] if t.split("#")[0] else path for t in targets}
+    missing = [t for t, file in files.items() if not file.exists()]
     assert not missing, f"{page} links to missing files: {missing}"
+    lost = [t for t, file in files.items() if "#" in t and t.split("#", 1)[1] not in anchors(file)]
+    assert not lost, f"{page} links to headings that are not there: {lost}"
