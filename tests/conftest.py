@@ -8,7 +8,10 @@ path unless a test chooses the kernel.
 
 ``--device`` (default cpu) names the device of the tests that take the ``device`` fixture (tests/test_device.py):
 ``TRITON_INTERPRET=0 pytest --device cuda tests/test_device.py`` runs the models on a GPU, the fused kernel compiled
-rather than interpreted."""
+rather than interpreted.
+
+``pytest -n auto`` (pytest-xdist, as README and CI run it) shares the tests out over a worker per core; each worker
+then takes its share of the cores for torch's threads."""
 
 import os
 
@@ -59,6 +62,9 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"--device {name!r} is not a device name (cpu, cuda, cuda:1, ...)") from None
     if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
         raise pytest.UsageError(f"--device {name}: torch sees {torch.cuda.device_count()} CUDA device(s) here")
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))  # pytest -n N: the cores shared out, not N× them
+    if workers > 1:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
 @pytest.fixture(scope="session")
