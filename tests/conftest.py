@@ -63,8 +63,10 @@ def pytest_configure(config: pytest.Config) -> None:
     if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
         raise pytest.UsageError(f"--device {name}: torch sees {torch.cuda.device_count()} CUDA device(s) here")
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))  # pytest -n N: the cores shared out, not N× them
-    if workers > 1:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+    if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
+        share = max(1, len(os.sched_getaffinity(0)) // workers)
+        torch.set_num_threads(share)
+        os.environ["OMP_NUM_THREADS"] = str(share)  # for train.py's processes, and train.main's preflight keeps it
 
 
 @pytest.fixture(scope="session")
