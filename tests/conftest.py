@@ -64,7 +64,8 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"--device {name}: torch sees {torch.cuda.device_count()} CUDA device(s) here")
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))  # pytest -n N: the cores shared out, not N× them
     if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
-        share = max(1, len(os.sched_getaffinity(0)) // workers)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # (macOS)
+        share = max(1, cores // workers)
         torch.set_num_threads(share)
         os.environ["OMP_NUM_THREADS"] = str(share)  # for train.py's processes, and train.main's preflight keeps it
 
