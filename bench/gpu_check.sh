@@ -22,18 +22,19 @@
 #
 #     TOTAL_BUDGET=300 bash bench/gpu_check.sh probe
 #
-# It installs nothing but the wheels carried in .whl (git-ignored; e.g. timm>=1.0.31, which train.py needs and the
+# It installs nothing but the wheels carried in .whl (git-ignored; e.g. timm>=1.0.31, which the package needs and the
 # H100 image of 2026-11 lacks, with 1.0.29), into a private folder put first on PYTHONPATH:
 #
 #     echo /.whl/ >> .git/info/exclude; python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
 #         --platform manylinux2014_x86_64 -d .whl timm==1.0.31          # here; then carry .whl (and data/fashion-mnist)
 #
-# A step whose packages are missing (pytest for the tests; pyyaml, safetensors, tqdm, matplotlib and a timm whose
-# config writer records the preprocessing for train.py) says so and is skipped. Every step has a time budget (`timeout`), and the whole run one
-# (TOTAL_BUDGET seconds, 540 on a GPU): a step that hangs costs its budget, not the run, and a step that would start
-# past the total is skipped with a note. The steps run cheapest and most telling first, the compiled benchmarks
-# (the slowest to start) last. Each step's output is shown and kept in $OUT/<step>.log; train.py's run is
-# $OUT/train; a summary of every step (exit status, seconds) ends the output and is $OUT/summary.txt.
+# A timm older than the package takes stops the check at once (seconds, not a lease); a step whose packages are missing
+# (pytest for the tests; pyyaml, safetensors, tqdm, matplotlib for train.py) says so and is skipped. Every step has a
+# time budget (`timeout`), and the whole run one (TOTAL_BUDGET seconds, 540 on a GPU): a step that hangs costs its
+# budget, not the run, and a step that would start past the total is skipped with a note. The steps run cheapest and
+# most telling first, the compiled benchmarks (the slowest to start) last. Each step's output is shown and kept in
+# $OUT/<step>.log; train.py's run is $OUT/train; a summary of every step (exit status, seconds) ends the output and is
+# $OUT/summary.txt.
 
 set -u
 cd "$(dirname "$0")/.."
@@ -58,6 +59,9 @@ if compgen -G ".whl/*.whl" > /dev/null; then  # carried wheels, installed where 
 fi
 export PYTHONDONTWRITEBYTECODE=1                      # (nothing written into the checkout)
 mkdir -p "$OUT"
+if ! "$PYTHON" -c "import vit_rope" 2> "$OUT/import.log"; then  # e.g. the image's timm, no wheel carried
+    tail -n 1 "$OUT/import.log" >&2 && echo "the package does not import: nothing else can run" >&2 && exit 1
+fi
 
 if [ "$DEVICE" = cpu ]; then  # the dry run: the same commands at tiny sizes, shallow models
     DRY=1; SCALE=4; TOTAL=${TOTAL_BUDGET:-1800}
@@ -119,12 +123,11 @@ print(" ".join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))
 EOF
 }
 
-# train_missing: what train.py lacks here (empty: nothing), its packages first, then timm's config writer.
+# train_missing: what train.py lacks here (empty: nothing).
 train_missing() {
     local need
     need=$(missing yaml safetensors tqdm matplotlib)
-    [ -n "$need" ] && echo "$need missing" && return
-    "$PYTHON" -c "from vit_rope.training.weights import check_timm_writer; check_timm_writer()" 2>&1 | sed 's/^error: //'
+    [ -z "$need" ] || echo "$need missing"
 }
 
 # fashion_ready NAME: whether train.py can run configs/protocol_fashion_gpu.yaml here (its IDX files in $DATA, the

@@ -1,6 +1,9 @@
 """vit_rope/checks.py: bad input is one clear error naming what to change (dtype, an empty batch, channels, sizes
 the patch does not divide, a clip given an image model, a head too small for the encoding, a token pool without a
-class token)."""
+class token), and a timm too old for the models (at import)."""
+
+import subprocess
+import sys
 
 import pytest
 import timm
@@ -103,3 +106,27 @@ def test_pooling_of_an_unknown_kind_is_one_error_not_the_tokens_unpooled():
     with pytest.raises(ValueError, match="global_pool='map': choose"):
         model.pool(features, "map")
     assert model.pool(features, "avg").shape == (1, 192)
+
+
+def test_a_timm_older_than_1_0_31_is_one_import_error(monkeypatch):
+    """timm 1.0.30 and older record no model arguments for save_for_hf (a saved folder would rebuild another model),
+    and below 1.0.21 the trunk does not build: the check names the version to install."""
+    from vit_rope.checks import check_timm
+
+    check_timm()  # the installed timm passes
+    monkeypatch.delattr(timm.models, "get_model_args")
+    monkeypatch.setattr(timm, "__version__", "1.0.30")
+    with pytest.raises(ImportError, match=r"this Python has timm 1.0.30: pip install -U 'timm>=1.0.31'"):
+        check_timm()
+
+
+def test_importing_vit_rope_with_an_older_timm_fails_before_any_model_registers():
+    """In a fresh process whose timm lacks 1.0.31's recording, ``import vit_rope`` is that ImportError, raised before
+    the models register (so nothing half-built is left in timm's registry)."""
+    script = (
+        "import timm, timm.models; del timm.models.get_model_args\n"
+        "try:\n    import vit_rope\nexcept ImportError as e:\n    print('refused:', e)\n"
+        "print('registered:', 'vit_rope_small' in timm.list_models())"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert "refused: vit-rope needs timm>=1.0.31" in out and "registered: False" in out

@@ -1,5 +1,9 @@
 """vit-rope: Vision Transformers with n-dimensional rotary position embeddings, registered in timm."""
+# ruff: noqa: E402  (the installed timm is checked before any module that uses it is imported)
 
+from .checks import check_timm
+
+check_timm()  # before the models register: an older timm is one clear ImportError
 from . import video, vit  # noqa: F401  (register the models in timm)
 from .checkpoint import checkpoint_filter_fn
 from .families import FAMILIES, Family, register_family

@@ -5,12 +5,25 @@ import math
 import operator
 from typing import Any
 
+import timm.models
 import torch
 from timm.layers._fx import register_notrace_function
 from torch import Tensor
 
-__all__ = ["check_batch", "check_global_pool", "check_image_input", "check_img_size", "check_init_values",
+__all__ = ["check_batch", "check_global_pool", "check_timm", "check_image_input", "check_img_size", "check_init_values",
            "check_num_classes", "check_rates", "check_sizes", "check_tensor"]  # fmt: skip
+
+
+def check_timm() -> None:
+    """One clear error at import where the installed timm is older than 1.0.31, the first whose ``create_model``
+    records a model's arguments for ``save_for_hf``'s config.json: with an older one a saved model folder would be
+    rebuilt with the default arguments (another ``rope_theta``, say: a different model, silently), and below 1.0.21
+    the trunk does not build at all."""
+    if not hasattr(timm.models, "get_model_args"):  # new in 1.0.31, with the recording
+        raise ImportError(
+            f"vit-rope needs timm>=1.0.31 (it records each model's arguments in a saved folder's config.json); this "
+            f"Python has timm {timm.__version__}: pip install -U 'timm>=1.0.31'"
+        )
 
 
 @register_notrace_function  # torch.fx: a leaf

@@ -425,17 +425,3 @@ def test_a_model_folders_files_are_regular_files(where, kind, message, finished,
     with pytest.raises(SystemExit, match=message) as stop:
         train.main([*FOLDER_EVAL, "--initial-checkpoint", str(folder), "--output", str(tmp_path / "ev")])
     assert str(folder) in one_line(stop) and not (tmp_path / "ev").exists()
-
-
-def test_a_timm_whose_config_writer_predates_data_config_is_one_line_before_the_run(tmp_path, monkeypatch):
-    """timm 1.0.29 (an H100 image's, 2026-11-27) has no data_config in save_config_for_hf: the run stopped after
-    training began its set-up, with a hint about model kwargs. Now one line names the version to install, and the
-    run folder is never made."""
-    from vit_rope.training import weights
-
-    monkeypatch.setattr(weights, "save_config_for_hf", lambda model, config_path, model_config=None, model_args=None: 0)
-    monkeypatch.setattr(timm, "__version__", "1.0.29")
-    with pytest.raises(SystemExit) as stop:
-        train.main([*TINY, "--output", str(tmp_path / "run")])
-    assert "this Python has timm 1.0.29: pip install -U 'timm>=1.0.31'" in one_line(stop)
-    assert not (tmp_path / "run").exists()

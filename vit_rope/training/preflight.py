@@ -21,7 +21,7 @@ from .optim import make_optimizer
 from .plan import Run, eval_jobs, plan_runs
 from .resume import check_resume_state, read_results
 from .settings import DEFAULTS, Settings, read_yaml, resumed
-from .weights import check_timm_writer, file_sha256, recorded_labels, timm_config, trained_epochs, weights_file
+from .weights import file_sha256, recorded_labels, timm_config, trained_epochs, weights_file
 
 __all__ = ["prepare", "check_epochs", "check_folder", "checked_data", "checked_model", "folder_config", "idle_settings",
            "preflight", "started_from"]  # fmt: skip
@@ -176,7 +176,6 @@ def preflight(plan: list[Run]) -> dict[str, tuple[Data, list[str], list[str]]]:
     kwarg the model refuses or one that makes its outputs non-finite, weights that do not fit, eval or training sizes
     it does not take, or whose evaluation cannot fit the machine's memory (:mod:`~vit_rope.training.memory`). Returns
     run tag → (data, the model's scaling modes, those it fine-tunes under); runs that agree on the data share it."""
-    check_timm_writer()
     for settings in {run.recipe: run.settings for run in plan}.values():
         try:  # timm's names: its own error says which it knows
             make_optimizer(torch.nn.Linear(1, 1), settings, steps=1)

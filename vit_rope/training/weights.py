@@ -16,7 +16,6 @@ rebuilds the model, and ``--initial-checkpoint <folder>`` takes the model and it
 """
 
 import hashlib
-import inspect
 import io
 import json
 import math
@@ -327,17 +326,6 @@ LOADER_ARGS = frozenset({"pretrained", "pretrained_cfg", "pretrained_cfg_overlay
                          "checkpoint_path", "cache_dir", "scriptable", "exportable", "no_jit", "device",
                          "dtype"})  # fmt: skip
 MAX_CONFIG_BYTES = 16 << 20  # ImageNet-22k's label names fit many times over
-
-
-def check_timm_writer() -> None:
-    """One line, before a run writes anything, where the installed timm's config writer cannot record the run's
-    preprocessing (its ``data_config``, from timm 1.0.31 on; GPU images may ship an older timm)."""
-    if "data_config" not in inspect.signature(save_config_for_hf).parameters:
-        raise SystemExit(
-            f"error: train.py writes each run's config.json with timm's writer, which records the run's preprocessing "
-            f"from timm 1.0.31 on; this Python has timm {timm.__version__}: pip install -U 'timm>=1.0.31' "
-            "(what vit-rope[train] asks for)"
-        )
 
 
 def timm_config(
