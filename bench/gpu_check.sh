@@ -28,13 +28,13 @@
 #     echo /.whl/ >> .git/info/exclude; python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
 #         --platform manylinux2014_x86_64 -d .whl timm==1.0.31          # here; then carry .whl (and data/fashion-mnist)
 #
-# A timm older than the package takes stops the check at once (seconds, not a lease); a step whose packages are missing
-# (pytest for the tests; pyyaml, safetensors, tqdm, matplotlib for train.py) says so and is skipped. Every step has a
-# time budget (`timeout`), and the whole run one (TOTAL_BUDGET seconds, 540 on a GPU): a step that hangs costs its
-# budget, not the run, and a step that would start past the total is skipped with a note. The steps run cheapest and
-# most telling first, the compiled benchmarks (the slowest to start) last. Each step's output is shown and kept in
-# $OUT/<step>.log; train.py's run is $OUT/train; a summary of every step (exit status, seconds) ends the output and is
-# $OUT/summary.txt.
+# A timm older than the package takes stops the check at once, before any step (summary.txt says why); a step whose
+# packages are missing (pytest for the tests; pyyaml, safetensors, tqdm, matplotlib for train.py) says so and is
+# skipped. Every step has a time budget (`timeout`), and the whole run one (TOTAL_BUDGET seconds, 540 on a GPU): a step
+# that hangs costs its budget, not the run, and a step that would start past the total is skipped with a note. The steps
+# run cheapest and most telling first, the compiled benchmarks (the slowest to start) last. Each step's output is shown
+# and kept in $OUT/<step>.log; train.py's run is $OUT/train; a summary of every step (exit status, seconds) ends the
+# output and is $OUT/summary.txt.
 
 set -u
 cd "$(dirname "$0")/.."
@@ -60,7 +60,8 @@ fi
 export PYTHONDONTWRITEBYTECODE=1                      # (nothing written into the checkout)
 mkdir -p "$OUT"
 if ! "$PYTHON" -c "import vit_rope" 2> "$OUT/import.log"; then  # e.g. the image's timm, no wheel carried
-    tail -n 1 "$OUT/import.log" >&2 && echo "the package does not import: nothing else can run" >&2 && exit 1
+    { tail -n 1 "$OUT/import.log"; echo "the package does not import: nothing else runs"; } | tee "$OUT/summary.txt" >&2
+    exit 1
 fi
 
 if [ "$DEVICE" = cpu ]; then  # the dry run: the same commands at tiny sizes, shallow models

@@ -116,7 +116,7 @@ def test_a_timm_older_than_1_0_31_is_one_import_error(monkeypatch):
     check_timm()  # the installed timm passes
     monkeypatch.delattr(timm.models, "get_model_args")
     monkeypatch.setattr(timm, "__version__", "1.0.30")
-    with pytest.raises(ImportError, match=r"this Python has timm 1.0.30: pip install -U 'timm>=1.0.31'"):
+    with pytest.raises(ImportError, match=r"this Python has timm 1.0.30, without it: pip install -U 'timm>=1.0.31'"):
         check_timm()
 
 

@@ -21,8 +21,9 @@ def check_timm() -> None:
     the trunk does not build at all."""
     if not hasattr(timm.models, "get_model_args"):  # new in 1.0.31, with the recording
         raise ImportError(
-            f"vit-rope needs timm>=1.0.31 (it records each model's arguments in a saved folder's config.json); this "
-            f"Python has timm {timm.__version__}: pip install -U 'timm>=1.0.31'"
+            f"vit-rope needs timm>=1.0.31, whose create_model records each model's arguments for a saved folder's "
+            f"config.json (timm.models.get_model_args); this Python has timm {timm.__version__}, without it: "
+            "pip install -U 'timm>=1.0.31'"
         )
 
 
