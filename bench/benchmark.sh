@@ -37,6 +37,8 @@
 #   and four models (about an hour each)                                     -> docs/runs/protocol_fashion_families
 #   Fashion-MNIST, the papers' recipe at 80 epochs for RoPE-Mixed and seeds 1-2 (40 were short of capacity: APE
 #   +2.3, axial RoPE +2.5 points at 1x from 40 to 80; ~2 h a part)      -> docs/runs/protocol_fashion_papers_8x_s0-2
+#   Fashion-MNIST, the papers' crops without its multi-resolution training, APE and axial RoPE, 40 epochs, seed 0
+#   (~1.8 h a part): does multi-size training make APE's lead at 4x?
 #   then seeds 3-4 of the three: the recipe best at 2x and 4x gives README's headline, whose models the benchmark
 #   trains at 5 seeds (the plain recipe's are)                           -> docs/runs/protocol_fashion_papers_8x
 #   Then the records of runs measured before the parts (docs/results.md's tables hold their figures; ~7 h):
@@ -231,6 +233,15 @@ papers_8x() {
 papers_part 80 mixed vit_rope_mixed_tiny 0
 papers_8x 1 2  # 3 seeds, then 5
 join protocol_fashion_papers_8x_s0-2 protocol_fashion_papers_8x_{ape,rope,mixed}_s{0,1,2}
+# crops_part EPOCHS NAME MODEL SEED: the papers' recipe without its multi-resolution training (every batch at 14 px):
+# is APE's lead at 4x under the papers' recipe (+4.6 over axial RoPE at 80 epochs, 3 seeds) its table resampled to
+# the 10- and 18-px grids in training? Paired with the papers' 40-epoch runs of seed 0 (~1.8 h a part, two at once)
+crops_part() {
+    part "protocol_fashion_crops_$(($1 / 10))x_$2_s$4" "${papers[@]}" --train-sizes --epochs "$1" --models "$3" \
+        --seeds "$4" --finetune-sizes
+}
+crops_part 40 ape vit_ape_tiny 0
+crops_part 40 rope vit_rope_tiny 0
 papers_8x 3 4
 join protocol_fashion_papers_8x protocol_fashion_papers_8x_{ape,rope,mixed}_s{0,1,2,3,4}
 

@@ -180,6 +180,20 @@ def test_the_papers_recipe_is_joined_at_3_seeds_before_seeds_3_and_4_train(tmp_p
     assert not (root / "docs/runs/protocol_fashion_papers_8x").exists()
 
 
+def test_the_crops_alone_train_at_one_size_after_the_papers_three_seeds_and_before_seeds_3_and_4(tmp_path):
+    root = layout(tmp_path)
+    assert run(root).returncode == 0
+    outs = [out for out, _, _ in calls(root)]
+    crops = [i for i, out in enumerate(outs) if out.startswith("runs/protocol_fashion_crops_")]
+    assert [outs[i] for i in crops] == [f"runs/protocol_fashion_crops_4x_{m}_s0" for m in ("ape", "rope")]
+    assert outs.index("runs/protocol_fashion_papers_8x_mixed_s2") < crops[0]
+    assert crops[-1] < outs.index("runs/protocol_fashion_papers_8x_ape_s3")
+    for i in crops:  # the papers' config with its train_sizes emptied: an empty --train-sizes before the next flag
+        args = calls(root)[i][2].split()
+        assert args[args.index("--config") + 1] == "configs/protocol_fashion_papers.yaml"
+        assert args[args.index("--train-sizes") + 1].startswith("--") and args[args.index("--epochs") + 1] == "40"
+
+
 def test_jobs_must_be_a_whole_number(tmp_path):
     root = layout(tmp_path)
     for jobs in ("0", "two", "-1", "1.5"):
