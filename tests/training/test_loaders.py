@@ -52,6 +52,37 @@ def test_a_seeded_item_leaves_every_generator_of_the_process_as_it_was(monkeypat
     assert ds[2] == first and ds[3] != first and reseeded == []
 
 
+def test_a_batch_of_seeded_items_is_its_items_one_by_one_and_a_loader_fetches_it_whole(monkeypatch):
+    """SeededItems.__getitems__ (what a DataLoader over a Subset calls for a batch) gives each item as ds[i] does, in
+    the order asked, and restores the process's generators once for the batch, as after one item."""
+    import random
+
+    import numpy as np
+    import torch
+
+    from vit_rope.training.rng import SeededItems
+
+    class Draws(torch.utils.data.Dataset):
+        def __len__(self):
+            return 6
+
+        def __getitem__(self, i):
+            return [i, *torch.rand(2).tolist(), random.random(), float(np.random.rand())]
+
+    ds = SeededItems(Draws(), seed=11)
+    one_by_one = [ds[i] for i in (4, 1, 1, 5)]
+    torch.manual_seed(0), random.seed(0), np.random.seed(0)
+    before = torch.rand(1).item(), random.random(), float(np.random.rand())
+    torch.manual_seed(0), random.seed(0), np.random.seed(0)
+    assert ds.__getitems__([4, 1, 1, 5]) == one_by_one
+    assert (torch.rand(1).item(), random.random(), float(np.random.rand())) == before
+    fetched = []
+    whole = SeededItems.__getitems__
+    monkeypatch.setattr(SeededItems, "__getitems__", lambda self, idx: fetched.append(list(idx)) or whole(self, idx))
+    loader = torch.utils.data.DataLoader(torch.utils.data.Subset(ds, [4, 1, 1, 5]), batch_size=4, collate_fn=list)
+    assert next(iter(loader)) == one_by_one and fetched == [[4, 1, 1, 5]]  # one call a batch, not one an item
+
+
 def test_a_training_set_without_augmentation_is_transformed_once_into_the_same_batches(tmp_path, monkeypatch):
     """--no-aug on an in-memory dataset: the training images are transformed once (data.Materialized) and an epoch
     indexes them, with no per-sample seeding; its batches are the per-sample path's, bit for bit, in every epoch, and
