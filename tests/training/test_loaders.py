@@ -123,3 +123,58 @@ def test_a_training_set_without_augmentation_is_transformed_once_into_the_same_b
     monkeypatch.undo()
     augmented, _ = train.parse_config([*args, "--aug"])
     assert not isinstance(D.build_data(augmented, dc).train, D.Materialized)
+
+
+def test_train_sizes_from_originals_draws_each_batch_from_the_originals_at_its_size(tmp_path):
+    """--train-sizes-from originals: each batch holds its images drawn from the originals at the batch's size (the
+    same order and labels, and for each image the same draws, as at --img-size), not the --img-size batch resized
+    (--train-sizes-from batch, the default), which has no more detail than --img-size holds."""
+    import numpy as np
+    import torch
+
+    from tests.training.test_idx import fashion_args, write_idx
+    from vit_rope.training import data as D
+    from vit_rope.training.loaders import image_sizes_of_batches, make_loader, resize_batch, train_loader
+    from vit_rope.training.plan import plan_runs
+    from vit_rope.training.rng import SeededItems
+
+    g = np.random.default_rng(5)
+    for split, n in (("train", 24), ("t10k", 4)):
+        write_idx(tmp_path / f"{split}-images-idx3-ubyte.gz", g.integers(0, 256, (n, 28, 28), dtype=np.uint8))
+        write_idx(tmp_path / f"{split}-labels-idx1-ubyte.gz", g.integers(0, 10, n, dtype=np.uint8))
+    args = [*fashion_args(tmp_path), "--img-size", "14", "--batch-size", "4", "--aug", "--train-sizes", "8", "14",
+            "28", "--models", "vit_rope_tiny"]  # fmt: skip
+    dc = dict(mean=(0.3, 0.4, 0.5), std=(0.2, 0.3, 0.4))
+    for epoch in (0, 1):
+        cfg, _ = train.parse_config([*args, "--train-sizes-from", "originals"])
+        data = D.build_data(cfg, dc)
+        run = plan_runs(cfg)[0]
+        batches = list(train_loader(run, data, None, epoch))
+        sizes = image_sizes_of_batches(cfg, epoch, len(batches))
+        assert len(batches) == 6 and set(sizes) == {8, 14, 28}  # (the draw of this seed: every size in two epochs)
+        plain_cfg, _ = train.parse_config(args)  # --train-sizes-from batch: the 14-px batches, resized after
+        plain = list(make_loader(D.build_data(plain_cfg, dc).train, plain_cfg, True, epoch))
+        seeded = {s: SeededItems(data.train_at(s), cfg.seed * 100_003 + epoch) for s in (8, 14, 28)}
+        indices = make_loader(data.train, cfg, True, epoch).dataset.indices
+        for b, ((x, y), (x14, y14), size) in enumerate(zip(batches, plain, sizes, strict=True)):
+            assert x.shape == (4, 3, size, size) and torch.equal(y, y14)
+            expected = torch.stack([seeded[size][i][0] for i in indices[4 * b : 4 * b + 4]])
+            assert torch.equal(x, expected)  # each image from its original at the batch's size
+            if size == 14:
+                assert torch.equal(x, x14)  # at --img-size both ways agree
+            else:
+                assert not torch.allclose(x, resize_batch(x14, size), atol=1e-3)  # not the 14-px batch resized
+
+
+def test_a_run_trained_at_sizes_drawn_from_the_originals_is_the_same_for_any_workers_and_resumes_only_so(tmp_path):
+    """train.py --train-sizes-from originals end to end (the built-in scenes, drawn natively at each size): 0 and 2
+    workers train the same, the default (batch) trains otherwise, and --resume refuses to switch it."""
+    args = [*ONE, "--aug", "--train-sizes", "8", "16", "24", "--train-sizes-from", "originals"]
+    train.main([*args, "--output", str(tmp_path / "zero")])
+    train.main([*args, "--workers", "2", "--output", str(tmp_path / "two")])
+    same_run(tmp_path / "two", tmp_path / "zero")
+    train.main([*args[:-1], "batch", "--output", str(tmp_path / "batch")])  # the default: another training
+    with pytest.raises(AssertionError):
+        same_run(tmp_path / "batch", tmp_path / "zero")
+    with pytest.raises(SystemExit, match=r"--resume cannot change train_sizes_from 'originals' -> 'batch'"):
+        train.main(["--output", str(tmp_path / "zero"), "--resume", "--train-sizes-from", "batch", "--epochs", "3"])

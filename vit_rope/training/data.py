@@ -18,7 +18,7 @@ evaluation) size and ``num_frames`` frames are sampled evenly.
 import math
 import os
 from collections.abc import Callable, Sequence
-from functools import lru_cache, partial
+from functools import cache, lru_cache, partial
 from typing import NamedTuple
 
 import numpy as np
@@ -498,8 +498,11 @@ def build_data(settings, dc: dict) -> Data:
         subset = fixed_subset(eval_set(size, protocol), settings.val_subset)
         return Transformed(subset, None) if protocol == "naflex" else subset  # the loader sets its transform
 
-    at = None if train_at is None else lambda size: fixed_subset(train_at(size), settings.train_subset)
-    return Data(train, eval_at, num_classes, at)
+    @cache  # (--train-sizes-from originals asks for each size every epoch: a folder read once)
+    def at(size: int) -> Dataset:
+        return fixed_subset(train_at(size), settings.train_subset)
+
+    return Data(train, eval_at, num_classes, None if train_at is None else at)
 
 
 def all_data(settings, dc: dict) -> Data:

@@ -2,6 +2,8 @@
 augmentation from (seed, epoch, index), so that a resumed run and any --workers see the same batches; the size of
 each multi-resolution batch; fine-tuning's batches; timm's NaFlex loader under --naflex."""
 
+import itertools
+
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
@@ -17,28 +19,72 @@ from .settings import Settings
 __all__ = ["finetune_loader", "image_sizes_of_batches", "make_loader", "pin_memory", "resize_batch", "train_loader"]
 
 
-def make_loader(ds: Dataset, settings: Settings, train: bool, epoch: int) -> DataLoader:
-    """Epoch-seeded shuffling, sharded over ranks: the order, and each training sample's augmentation, depend only on
-    (seed, epoch) and the sample, whatever the number of workers, so resuming works, with other --workers too."""
+def epoch_indices(n: int, settings: Settings, train: bool, epoch: int) -> list[int]:
+    """This rank's share of an epoch's order over ``n`` samples: drawn from (seed, epoch) alone for training (the
+    same on every rank, which then takes every world-th), in order for evaluation."""
     rank, world = rank_world()
-    n = len(ds)
-    if train:  # each sample's augmentation drawn from (seed, epoch, index): the same batches for any --workers
-        ds = ds if isinstance(ds, Materialized) else SeededItems(ds, settings.seed * 100_003 + epoch)  # (none drawn)
+    if train:
         g = torch.Generator().manual_seed(settings.seed * 100_003 + epoch)
         order = torch.randperm(n, generator=g).tolist()
         order = order[: n - n % world] if world > 1 else order
     else:
         order = list(range(n))
-    indices = order[rank::world]
+    return order[rank::world]
+
+
+def make_loader(ds: Dataset, settings: Settings, train: bool, epoch: int) -> DataLoader:
+    """Epoch-seeded shuffling, sharded over ranks: the order, and each training sample's augmentation, depend only on
+    (seed, epoch) and the sample, whatever the number of workers, so resuming works, with other --workers too."""
+    indices = epoch_indices(len(ds), settings, train, epoch)
+    if train:  # each sample's augmentation drawn from (seed, epoch, index): the same batches for any --workers
+        ds = ds if isinstance(ds, Materialized) else SeededItems(ds, settings.seed * 100_003 + epoch)  # (none drawn)
+    return loader(torch.utils.data.Subset(ds, indices), settings, train, materialized=isinstance(ds, Materialized))
+
+
+def loader(ds: Dataset, settings: Settings, train: bool, materialized: bool = False) -> DataLoader:
+    """A DataLoader over ``ds`` in its order, at the batch size of training or evaluation."""
     bs = settings.batch_size if train else settings.eval_batch_size
     return DataLoader(
-        torch.utils.data.Subset(ds, indices),
+        ds,
         batch_size=bs,
         shuffle=False,
-        num_workers=0 if isinstance(ds, Materialized) else settings.workers,  # (workers would only copy tensors)
-        drop_last=train and len(indices) >= bs,
+        num_workers=0 if materialized else settings.workers,  # (workers would only copy tensors)
+        drop_last=train and len(ds) >= bs,
         pin_memory=pin_memory(settings),
     )
+
+
+class AtBatchSizes(Dataset):
+    """Position k of a rank's epoch (``indices[k]``) drawn from the training set at the size of its batch, batch
+    ``k // batch_size`` of ``sizes``: each image from its original at that size (--train-sizes-from originals)."""
+
+    def __init__(self, at: dict[int, Dataset], indices: list[int], sizes: list[int], batch_size: int) -> None:
+        self.at, self.indices, self.sizes, self.batch_size = at, indices, sizes, batch_size
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, k: int):
+        return self.__getitems__([k])[0]
+
+    def __getitems__(self, positions: list[int]) -> list:
+        items = []
+        for size, group in itertools.groupby(positions, key=lambda k: self.sizes[k // self.batch_size]):
+            items += self.at[size].__getitems__([self.indices[k] for k in group])  # (a batch: one size)
+        return items
+
+
+def sized_loader(data: Data, settings: Settings, epoch: int) -> DataLoader:
+    """An epoch's training batches, each at its size of ``image_sizes_of_batches`` with every image drawn from its
+    original at that size; the order and each sample's augmentation draws are ``make_loader``'s (a sample's crop is
+    the same region of its original at any size)."""
+    indices = epoch_indices(len(data.train), settings, True, epoch)
+    steps = len(indices) // settings.batch_size if len(indices) >= settings.batch_size else 1  # (drop_last)
+    sizes = image_sizes_of_batches(settings, epoch, steps)
+    seed = settings.seed * 100_003 + epoch
+    at = {size: SeededItems(data.train if size == settings.img_size else data.train_at(size), seed)
+          for size in set(sizes)}  # fmt: skip
+    return loader(AtBatchSizes(at, indices, sizes, settings.batch_size), settings, True)
 
 
 def pin_memory(settings: Settings) -> bool:
@@ -60,6 +106,8 @@ def image_sizes_of_batches(settings: Settings, epoch: int, steps: int) -> list[i
 def train_loader(run: Run, data: Data, model: torch.nn.Module, epoch: int) -> DataLoader:
     """An epoch's training batches: ``make_loader``'s, or timm's NaFlex loader's under --naflex."""
     settings = run.settings
+    if not settings.naflex and settings.train_sizes and settings.train_sizes_from == "originals":
+        return sized_loader(data, settings, epoch)
     if not settings.naflex:
         return make_loader(data.train, settings, True, epoch)
     dc = data_config(settings, run.spec)

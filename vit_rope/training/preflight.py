@@ -61,7 +61,8 @@ NEEDS = (("seq_lens", "--naflex", lambda s: s.naflex), ("naflex_loss_scale", "--
          ("finetune_lr", "--finetune-sizes", lambda s: s.finetune_sizes),
          ("finetune_scaling", "--finetune-sizes", lambda s: s.finetune_sizes),
          ("allow_transfer", "--initial-checkpoint", lambda s: s.initial_checkpoint),
-         ("ema_decay", "--ema", lambda s: s.ema))  # fmt: skip
+         ("ema_decay", "--ema", lambda s: s.ema),
+         ("train_sizes_from", "--train-sizes", lambda s: s.train_sizes))  # fmt: skip
 
 
 def idle_settings(given: dict, runs: list[Settings]) -> list[str]:

@@ -32,6 +32,7 @@ __all__ = ["Settings", "parse", "read_yaml", "resumed"]
 # the results); other evaluation settings evaluate the saved weights again; more epochs train on; any other change
 # would alter what was trained, and is refused.
 APPLIES, EVALUATES, TRAINS_ON, REFUSED = "applies", "evaluates", "trains on", "refused"
+TRAIN_SIZES_FROM = ("batch", "originals")  # --train-sizes-from
 
 
 def setting(default: Any, help: str, *, check=None, must: str = "", resume: str = REFUSED, recipe: bool = False,
@@ -185,6 +186,11 @@ class Settings:
     train_sizes: tuple[int, ...] = setting((), "train each batch at a size drawn from these (px); empty: at "
                                            "--img-size only", check=lambda v: all(s >= 1 for s in v),
                                            must="sizes of at least 1", recipe=True)  # fmt: skip
+    train_sizes_from: str = setting("batch", "where a --train-sizes batch at another size than --img-size comes from: "
+                                    "'batch', the batch drawn at --img-size then resized (no more detail than "
+                                    "--img-size holds); 'originals', each image drawn from its original at the "
+                                    "batch's size, as the test images are", check=lambda v: v in TRAIN_SIZES_FROM,
+                                    must=" or ".join(TRAIN_SIZES_FROM), recipe=True)  # fmt: skip
     recipes: dict[str, Any] = setting(
         {},
         "recipe name → training keys it overrides; every model trains under each (empty: one recipe)",
