@@ -164,6 +164,9 @@ def test_train_sizes_from_originals_draws_each_batch_from_the_originals_at_its_s
                 assert torch.equal(x, x14)  # at --img-size both ways agree
             else:
                 assert not torch.allclose(x, resize_batch(x14, size), atol=1e-3)  # not the 14-px batch resized
+            if size == 28:  # the same crop of each original as at 14 px: its 28-px image, resized to 14, is near it
+                near, far = ((resize_batch(x, 14) - ref).abs().mean() for ref in (x14, x14.roll(1, 0)))
+                assert near < far / 3, (near, far)  # (against another image of the batch)
 
 
 def test_a_run_trained_at_sizes_drawn_from_the_originals_is_the_same_for_any_workers_and_resumes_only_so(tmp_path):

@@ -76,8 +76,8 @@ class AtBatchSizes(Dataset):
 
 def sized_loader(data: Data, settings: Settings, epoch: int) -> DataLoader:
     """An epoch's training batches, each at its size of ``image_sizes_of_batches`` with every image drawn from its
-    original at that size; the order and each sample's augmentation draws are ``make_loader``'s (a sample's crop is
-    the same region of its original at any size)."""
+    original at that size; the order and each sample's draws (seeded by seed, epoch and index) are ``make_loader``'s,
+    so an image read from a dataset has the same crop of its original at every size."""
     indices = epoch_indices(len(data.train), settings, True, epoch)
     steps = len(indices) // settings.batch_size if len(indices) >= settings.batch_size else 1  # (drop_last)
     sizes = image_sizes_of_batches(settings, epoch, steps)
@@ -104,7 +104,8 @@ def image_sizes_of_batches(settings: Settings, epoch: int, steps: int) -> list[i
 
 
 def train_loader(run: Run, data: Data, model: torch.nn.Module, epoch: int) -> DataLoader:
-    """An epoch's training batches: ``make_loader``'s, or timm's NaFlex loader's under --naflex."""
+    """An epoch's training batches: ``make_loader``'s, ``sized_loader``'s under --train-sizes-from originals, or timm's
+    NaFlex loader's under --naflex."""
     settings = run.settings
     if not settings.naflex and settings.train_sizes and settings.train_sizes_from == "originals":
         return sized_loader(data, settings, epoch)
