@@ -83,6 +83,44 @@ def test_a_batch_of_seeded_items_is_its_items_one_by_one_and_a_loader_fetches_it
     assert next(iter(loader)) == one_by_one and fetched == [[4, 1, 1, 5]]  # one call a batch, not one an item
 
 
+def test_a_batch_of_seeded_items_is_what_the_documented_seeding_draws(tmp_path):
+    """A loader's batch through SeededItems against the seeding written out here (the way the runs before the batch
+    path drew each sample: every generator saved, seeded by (seed * 1_000_003 + index) mod 2**63 (NumPy's mod 2**32),
+    the item drawn, every generator restored): the same augmented images bit for bit, with timm's crops, flips and
+    colour jitter drawing from Python's and torch's generators."""
+    import random
+
+    import numpy as np
+    import torch
+
+    from tests.training.test_idx import fashion_args, write_idx
+    from vit_rope.training import data as D
+    from vit_rope.training.loaders import make_loader
+
+    g = np.random.default_rng(8)
+    for split, n in (("train", 12), ("t10k", 2)):
+        write_idx(tmp_path / f"{split}-images-idx3-ubyte.gz", g.integers(0, 256, (n, 28, 28), dtype=np.uint8))
+        write_idx(tmp_path / f"{split}-labels-idx1-ubyte.gz", g.integers(0, 10, n, dtype=np.uint8))
+    cfg, _ = train.parse_config([*fashion_args(tmp_path), "--img-size", "14", "--batch-size", "4", "--aug"])
+    data = D.build_data(cfg, dict(mean=(0.3, 0.4, 0.5), std=(0.2, 0.3, 0.4)))
+
+    def drawn(seed: int, i: int) -> torch.Tensor:
+        item_seed = (seed * 1_000_003 + i) % 2**63
+        states = torch.get_rng_state(), random.getstate(), np.random.get_state()
+        torch.default_generator.manual_seed(item_seed), random.seed(item_seed), np.random.seed(item_seed % 2**32)
+        try:
+            return data.train[i][0]
+        finally:
+            torch.set_rng_state(states[0]), random.setstate(states[1]), np.random.set_state(states[2])
+
+    epoch = 1
+    loader = make_loader(data.train, cfg, True, epoch)
+    indices = loader.dataset.indices
+    for b, (x, _) in enumerate(loader):
+        reference = torch.stack([drawn(cfg.seed * 100_003 + epoch, i) for i in indices[4 * b : 4 * b + 4]])
+        assert torch.equal(x, reference)
+
+
 def test_a_training_set_without_augmentation_is_transformed_once_into_the_same_batches(tmp_path, monkeypatch):
     """--no-aug on an in-memory dataset: the training images are transformed once (data.Materialized) and an epoch
     indexes them, with no per-sample seeding; its batches are the per-sample path's, bit for bit, in every epoch, and

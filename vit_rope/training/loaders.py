@@ -16,7 +16,8 @@ from .plan import Run
 from .rng import SeededItems
 from .settings import Settings
 
-__all__ = ["finetune_loader", "image_sizes_of_batches", "make_loader", "pin_memory", "resize_batch", "train_loader"]
+__all__ = ["AtBatchSizes", "epoch_indices", "finetune_loader", "image_sizes_of_batches", "loader", "make_loader",
+           "pin_memory", "resize_batch", "sized_loader", "train_loader"]  # fmt: skip
 
 
 def epoch_indices(n: int, settings: Settings, train: bool, epoch: int) -> list[int]:

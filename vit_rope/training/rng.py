@@ -22,7 +22,7 @@ class SeededItems(torch.utils.data.Dataset):
     whichever process (DataLoader worker or the main one) makes it, so any --workers gives the same batches, a run
     resumed with other --workers included, and the draws of the training step (dropout, mixup) do not depend on it.
     A DataLoader fetches a batch through ``__getitems__``: the same items, the generators saved and restored once a
-    batch instead of once an item (numpy's state alone takes about 100 µs to save and restore, a tenth of an item)."""
+    batch instead of once an item (numpy's state alone takes about 100 µs to save and restore, a sixth of an item)."""
 
     def __init__(self, ds: torch.utils.data.Dataset, seed: int) -> None:
         self.ds, self.seed = ds, seed
