@@ -194,6 +194,24 @@ def test_the_crops_alone_train_at_one_size_after_the_papers_three_seeds_and_befo
         assert args[args.index("--train-sizes") + 1].startswith("--") and args[args.index("--epochs") + 1] == "40"
 
 
+def test_the_originals_then_160_epochs_train_after_the_papers_five_seeds_and_before_the_plain_records(tmp_path):
+    root = layout(tmp_path)
+    assert run(root).returncode == 0
+    outs = [out for out, _, _ in calls(root)]
+    after = [f"runs/protocol_fashion_{step}_{m}_s0" for step in ("originals_4x", "papers_16x") for m in ("ape", "rope")]
+    at = [outs.index(out) for out in after]
+    assert outs.index("runs/protocol_fashion_papers_8x_mixed_s4") < at[0] and at == sorted(at)
+    assert at[-1] < outs.index("runs/protocol_fashion_s0-1")
+    for i, epochs in zip(at, ("40", "40", "160", "160"), strict=True):
+        args = calls(root)[i][2].split()
+        assert args[args.index("--config") + 1] == "configs/protocol_fashion_papers.yaml"
+        assert args[args.index("--epochs") + 1] == epochs and args[args.index("--seeds") + 1] == "0"
+        # the originals' batches from the originals at their sizes, and the 160-epoch runs as the 80-epoch ones
+        assert ("--train-sizes-from" in args) == (epochs == "40")
+        if epochs == "40":
+            assert args[args.index("--train-sizes-from") + 1] == "originals" and "--train-sizes" not in args
+
+
 def test_jobs_must_be_a_whole_number(tmp_path):
     root = layout(tmp_path)
     for jobs in ("0", "two", "-1", "1.5"):
