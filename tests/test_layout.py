@@ -169,3 +169,13 @@ def test_every_relative_link_resolves(page):
     assert not missing, f"{page} links to missing files: {missing}"
     lost = [t for t, file in files.items() if "#" in t and t.split("#", 1)[1] not in anchors(file)]
     assert not lost, f"{page} links to headings that are not there: {lost}"
+
+
+@pytest.mark.parametrize("page", ["README.md", *sorted(p.name for p in (ROOT / "docs").glob("*.md"))])
+def test_no_wrapped_line_starts_a_list_by_accident(page):
+    """A paragraph wrapped so that a line begins with "+ " or "* " (RoPE-Mixed + APE, 2 * 3) renders as a list item
+    in Markdown: the pages write their lists with "-" and numbers, so such a line is a wrap to move."""
+    path = ROOT / page if page == "README.md" else ROOT / "docs" / page
+    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+    stray = [line for line in text.splitlines() if re.match(r"\s*[+*]\s", line)]
+    assert not stray, f"{page}: lines that Markdown reads as list items: {stray}"
