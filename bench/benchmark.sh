@@ -251,8 +251,7 @@ join protocol_fashion_papers_8x protocol_fashion_papers_8x_{ape,rope,mixed}_s{0,
 # originals_part EPOCHS NAME MODEL SEED: the papers' recipe with each batch's images drawn from their originals at the
 # batch's size, not its 14-px crops resized (an 18-px batch then holds 18 px of detail, as a large batch cropped from
 # ImageNet's larger originals does): does a gain above the training size appear? Paired with the papers' 40-epoch runs
-# of seed 0
-# (the same crops in the same order from the same initial weights; ~1.8 h a part)
+# of seed 0 (the same crops in the same order from the same initial weights; ~1.8 h a part)
 originals_part() {
     part "protocol_fashion_originals_$(($1 / 10))x_$2_s$4" "${papers[@]}" --train-sizes-from originals --epochs "$1" \
         --models "$3" --seeds "$4" --finetune-sizes

@@ -158,11 +158,14 @@ def anchors(page: Path) -> set[str]:
     return set(seen)
 
 
-@pytest.mark.parametrize("page", ["README.md", *sorted(p.name for p in (ROOT / "docs").glob("*.md"))])
+PAGES = ["README.md", *sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md"))]
+
+
+@pytest.mark.parametrize("page", PAGES)
 def test_every_relative_link_resolves(page):
     """Each relative link (and image) of README.md and docs/*.md names a file that exists, and a heading of it where
     the link names one (#fragment)."""
-    path = ROOT / page if page == "README.md" else ROOT / "docs" / page
+    path = ROOT / page
     targets = [t for t in re.findall(r"\]\(([^)\s]+)\)", path.read_text()) if "://" not in t]
     files = {t: path.parent / t.split("#")[0] if t.split("#")[0] else path for t in targets}
     missing = [t for t, file in files.items() if not file.exists()]
@@ -171,11 +174,10 @@ def test_every_relative_link_resolves(page):
     assert not lost, f"{page} links to headings that are not there: {lost}"
 
 
-@pytest.mark.parametrize("page", ["README.md", *sorted(p.name for p in (ROOT / "docs").glob("*.md"))])
+@pytest.mark.parametrize("page", PAGES)
 def test_no_wrapped_line_starts_a_list_by_accident(page):
     """A paragraph wrapped so that a line begins with "+ " or "* " (RoPE-Mixed + APE, 2 * 3) renders as a list item
     in Markdown: the pages write their lists with "-" and numbers, so such a line is a wrap to move."""
-    path = ROOT / page if page == "README.md" else ROOT / "docs" / page
-    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+    text = re.sub(r"```.*?```", "", (ROOT / page).read_text(), flags=re.S)
     stray = [line for line in text.splitlines() if re.match(r"\s*[+*]\s", line)]
     assert not stray, f"{page}: lines that Markdown reads as list items: {stray}"
