@@ -50,10 +50,21 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--batch", type=int, default=128)
     args = parser.parse_args()
+    for flag in ("threads", "batch", "rounds"):
+        if getattr(args, flag) < (2 if flag == "rounds" else 1):
+            parser.error(f"--{flag} {getattr(args, flag)}: give a whole number from {2 if flag == 'rounds' else 1}")
+    unknown = [name for name in args.models if not timm.is_model(name)]
+    if unknown:
+        parser.error(
+            f"--models: {', '.join(unknown)} not in timm's registry (the benchmark's: vit_ape_tiny, vit_rope_tiny, ...)"
+        )
     torch.set_num_threads(args.threads)
     batches = {s: (torch.randn(args.batch, 3, s, s), torch.randint(0, 10, (args.batch,))) for s in SIZES}
     for name in args.models:
-        eager, eager_opt = model_and_optimizer(name)
+        try:
+            eager, eager_opt = model_and_optimizer(name)
+        except TypeError as e:  # a timm model without the ViT's patch_size, depth, embed_dim and num_heads
+            parser.error(f"--models {name}: not a ViT this trunk's kwargs build ({e})")
         model, opt = model_and_optimizer(name)
         compiled = torch.compile(model)
         start = time.perf_counter()
