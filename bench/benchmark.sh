@@ -205,11 +205,15 @@ fi
 papers=(--config configs/protocol_fashion_papers.yaml)
 plain=(--config configs/protocol_fashion.yaml)  # the plain recipe twice as long, at every size: does it move?
 part protocol_fashion_2x "${plain[@]}" --models vit_ape_tiny vit_rope_tiny --seeds 0 --epochs 20 --finetune-sizes
-# papers_part EPOCHS NAME MODEL SEED: the papers' recipe EPOCHS long (4x or 8x its 10), a model and seed a part
-papers_part() {
-    part "protocol_fashion_papers_$(($1 / 10))x_$2_s$4" "${papers[@]}" --epochs "$1" --models "$3" --seeds "$4" \
-        --finetune-sizes
+# recipe_part STEP EPOCHS NAME MODEL SEED [FLAGS...]: the papers' recipe EPOCHS long (4x, 8x or 16x its 10) with
+# FLAGS, one model and seed a part, into runs/protocol_fashion_STEP_<EPOCHS/10>x_NAME_sSEED
+recipe_part() {
+    local step=$1 epochs=$2 name=$3 model=$4 seed=$5
+    shift 5
+    part "protocol_fashion_${step}_$((epochs / 10))x_${name}_s$seed" "${papers[@]}" "$@" --epochs "$epochs" \
+        --models "$model" --seeds "$seed" --finetune-sizes
 }
+papers_part() { recipe_part papers "$@"; }  # papers_part EPOCHS NAME MODEL SEED: the recipe as it is
 papers_part 40 ape vit_ape_tiny 0
 papers_part 40 rope vit_rope_tiny 0
 papers_part 40 mixed vit_rope_mixed_tiny 0
@@ -240,10 +244,7 @@ join protocol_fashion_papers_8x_s0-2 protocol_fashion_papers_8x_{ape,rope,mixed}
 # crops_part EPOCHS NAME MODEL SEED: the papers' recipe without its multi-resolution training (every batch at 14 px):
 # is APE's lead at 4x under the papers' recipe (+4.6 over axial RoPE at 80 epochs, 3 seeds) its table resampled to
 # the 10- and 18-px grids in training? Paired with the papers' 40-epoch runs of seed 0 (~1.8 h a part, two at once)
-crops_part() {
-    part "protocol_fashion_crops_$(($1 / 10))x_$2_s$4" "${papers[@]}" --train-sizes --epochs "$1" --models "$3" \
-        --seeds "$4" --finetune-sizes
-}
+crops_part() { recipe_part crops "$@" --train-sizes; }
 crops_part 40 ape vit_ape_tiny 0
 crops_part 40 rope vit_rope_tiny 0
 papers_8x 3 4
@@ -252,10 +253,7 @@ join protocol_fashion_papers_8x protocol_fashion_papers_8x_{ape,rope,mixed}_s{0,
 # batch's size, not its 14-px crops resized (an 18-px batch then holds 18 px of detail, as a large batch cropped from
 # ImageNet's larger originals does): does a gain above the training size appear? Paired with the papers' 40-epoch runs
 # of seed 0 (the same crops in the same order from the same initial weights; ~1.8 h a part)
-originals_part() {
-    part "protocol_fashion_originals_$(($1 / 10))x_$2_s$4" "${papers[@]}" --train-sizes-from originals --epochs "$1" \
-        --models "$3" --seeds "$4" --finetune-sizes
-}
+originals_part() { recipe_part originals "$@" --train-sizes-from originals; }
 originals_part 40 ape vit_ape_tiny 0
 originals_part 40 rope vit_rope_tiny 0
 # the 80-epoch runs' own convergence check: 160 epochs (~4.4 h a part alone; one outlasts a sitting, and resumes on
