@@ -41,10 +41,10 @@
 #   (~1.8 h a part): does multi-size training make APE's lead at 4x?
 #   then seeds 3-4 of the three: the recipe best at 2x and 4x gives README's headline, whose models the benchmark
 #   trains at 5 seeds (the plain recipe's are)                           -> docs/runs/protocol_fashion_papers_8x
-#   Fashion-MNIST, the papers' recipe with each batch drawn from the originals at its size, APE and axial RoPE, 40
-#   epochs, seed 0 (~1.8 h a part): with real detail in its 18-px batches, does a model gain above its training size?
 #   Fashion-MNIST, the papers' recipe at 160 epochs, APE and axial RoPE, seed 0: the 80-epoch runs' convergence check
 #   (~4.4 h a part; more than a sitting)
+#   Fashion-MNIST, the papers' recipe with each batch drawn from the originals at its size, APE and axial RoPE, 40
+#   epochs, seed 0 (~1.8 h a part): with real detail in its 18-px batches, does a model gain above its training size?
 #   Then the records of runs measured before the parts (docs/results.md's tables hold their figures; ~7 h):
 #   Fashion-MNIST, the headline's six models, 5 seeds (~9 min a run): seeds 0-1, 2-3, 4 -> docs/runs/protocol_fashion
 #   Fashion-MNIST, the papers' recipe, 3 seeds (~11 min a run)
@@ -249,6 +249,11 @@ crops_part 40 ape vit_ape_tiny 0
 crops_part 40 rope vit_rope_tiny 0
 papers_8x 3 4
 join protocol_fashion_papers_8x protocol_fashion_papers_8x_{ape,rope,mixed}_s{0,1,2,3,4}
+# the 80-epoch runs' own convergence check, before the originals (README's headline comes from this recipe: is it
+# trained to capacity?): 160 epochs (~4.4 h a part alone; one outlasts a sitting, and resumes on the same machine or
+# from PARKED)
+papers_part 160 ape vit_ape_tiny 0
+papers_part 160 rope vit_rope_tiny 0
 # originals_part EPOCHS NAME MODEL SEED: the papers' recipe with each batch's images drawn from their originals at the
 # batch's size, not its 14-px crops resized (an 18-px batch then holds 18 px of detail, as a large batch cropped from
 # ImageNet's larger originals does): does a gain above the training size appear? Paired with the papers' 40-epoch runs
@@ -256,10 +261,6 @@ join protocol_fashion_papers_8x protocol_fashion_papers_8x_{ape,rope,mixed}_s{0,
 originals_part() { recipe_part originals "$@" --train-sizes-from originals; }
 originals_part 40 ape vit_ape_tiny 0
 originals_part 40 rope vit_rope_tiny 0
-# the 80-epoch runs' own convergence check: 160 epochs (~4.4 h a part alone; one outlasts a sitting, and resumes on
-# the same machine or from PARKED)
-papers_part 160 ape vit_ape_tiny 0
-papers_part 160 rope vit_rope_tiny 0
 
 part protocol_fashion_s0-1 "${plain[@]}" --seeds 0 1
 part protocol_fashion_s2-3 "${plain[@]}" --seeds 2 3

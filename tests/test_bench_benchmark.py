@@ -194,15 +194,15 @@ def test_the_crops_alone_train_at_one_size_after_the_papers_three_seeds_and_befo
         assert args[args.index("--train-sizes") + 1].startswith("--") and args[args.index("--epochs") + 1] == "40"
 
 
-def test_the_originals_then_160_epochs_train_after_the_papers_five_seeds_and_before_the_plain_records(tmp_path):
+def test_160_epochs_then_the_originals_train_after_the_papers_five_seeds_and_before_the_plain_records(tmp_path):
     root = layout(tmp_path)
     assert run(root).returncode == 0
     outs = [out for out, _, _ in calls(root)]
-    after = [f"runs/protocol_fashion_{step}_{m}_s0" for step in ("originals_4x", "papers_16x") for m in ("ape", "rope")]
+    after = [f"runs/protocol_fashion_{step}_{m}_s0" for step in ("papers_16x", "originals_4x") for m in ("ape", "rope")]
     at = [outs.index(out) for out in after]
     assert outs.index("runs/protocol_fashion_papers_8x_mixed_s4") < at[0] and at == sorted(at)
     assert at[-1] < outs.index("runs/protocol_fashion_s0-1")
-    for i, epochs in zip(at, ("40", "40", "160", "160"), strict=True):
+    for i, epochs in zip(at, ("160", "160", "40", "40"), strict=True):
         args = calls(root)[i][2].split()
         assert args[args.index("--config") + 1] == "configs/protocol_fashion_papers.yaml"
         assert args[args.index("--epochs") + 1] == epochs and args[args.index("--seeds") + 1] == "0"
