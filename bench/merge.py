@@ -7,7 +7,8 @@ there). A step that one session cannot finish is split by seeds (``train.py --se
 and joined here: each folder's results.csv (checked row by row as bench/paired.py checks it) into --output's
 results.csv, results.md and figures, as one train.py run over all the seeds writes them. Refused: folders whose
 config.yaml differ in anything but the models, seeds and how the run went (device, threads, output), a result row
-two folders both hold, and an --output that holds a train.py run (its config.yaml).
+two folders both hold, and an --output that holds a train.py run (its config.yaml). A setting a part's config.yaml
+lacks (written before train.py had it) is read as its default, as train.py --resume reads it.
 """
 
 import argparse
@@ -16,7 +17,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from vit_rope.training.report import write_results
-from vit_rope.training.settings import APPLIES, Settings, read_yaml
+from vit_rope.training.settings import APPLIES, DEFAULTS, Settings, read_yaml
 
 sys.path.insert(0, str(Path(__file__).parent))  # bench/paired.py: one reader of results.csv
 from paired import results_rows  # noqa: E402
@@ -31,6 +32,9 @@ def recipe(folder: Path) -> dict:
     if not (folder / "config.yaml").is_file():
         raise SystemExit(f"error: {folder} holds no config.yaml: give a train.py run folder, or its copy in docs/runs")
     saved = read_yaml(folder / "config.yaml", "the run's config", own=True)
+    # a setting added since the part was trained: its default, which keeps what train.py did before it had the setting
+    # (as YAML holds it: a list, not a tuple)
+    saved = {k: list(v) if isinstance(v, tuple) else v for k, v in DEFAULTS.items()} | saved
     free = {f.name for f in fields(Settings) if f.metadata["resume"] == APPLIES}
     return {k: v for k, v in saved.items() if k not in free - SAME_MEANING}
 

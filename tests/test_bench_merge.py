@@ -68,6 +68,22 @@ def test_parts_of_two_recipes_are_refused(tmp_path):
     assert not (tmp_path / "all").exists()
 
 
+@pytest.mark.parametrize("later", ["batch", "originals"])
+def test_a_part_older_than_a_setting_reads_as_its_default(tmp_path, later):
+    """A config.yaml written before train.py had --train-sizes-from joins a later part's that records its default
+    (the papers' recipe's seeds 0-2 with its seeds 3-4), and is refused beside one that records another value."""
+    a = part(tmp_path / "a", [0], cell)
+    config = a / "config.yaml"
+    config.write_text("".join(ln for ln in config.read_text().splitlines(True) if not ln.startswith("train_sizes_")))
+    assert "train_sizes_from" not in config.read_text()
+    b = part(tmp_path / "b", [1], cell, replace(BASE, train_sizes_from=later))
+    if later == DEFAULTS["train_sizes_from"]:
+        assert "over 2 seeds" in merge.merge([a, b], tmp_path / "all")
+    else:
+        with pytest.raises(SystemExit, match="differ in train_sizes_from"):
+            merge.merge([a, b], tmp_path / "all")
+
+
 def test_a_seed_two_parts_both_hold_is_refused(tmp_path):
     a = part(tmp_path / "a", [0, 1], cell)
     b = part(tmp_path / "b", [1, 2], cell)
