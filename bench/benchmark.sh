@@ -261,6 +261,14 @@ papers_part 160 rope vit_rope_tiny 0
 originals_part() { recipe_part originals "$@" --train-sizes-from originals; }
 originals_part 40 ape vit_ape_tiny 0
 originals_part 40 rope vit_rope_tiny 0
+# the crops alone at 80 epochs, seeds 0-2, paired with the papers' 80-epoch runs of the same seeds: is APE's lead at
+# 4x (+4.5 over axial RoPE under YaRN, 5 seeds) the multi-size batches' at more seeds than seed 0's 40 epochs, and
+# under every mode (there: 1.50 behind axial RoPE under normalized, 3.60 ahead under YaRN)? ~2.9 h a part, two at once
+for seed in 0 1 2; do
+    crops_part 80 ape vit_ape_tiny "$seed"
+    crops_part 80 rope vit_rope_tiny "$seed"
+done
+join protocol_fashion_crops_8x protocol_fashion_crops_8x_{ape,rope}_s{0,1,2}
 
 part protocol_fashion_s0-1 "${plain[@]}" --seeds 0 1
 part protocol_fashion_s2-3 "${plain[@]}" --seeds 2 3

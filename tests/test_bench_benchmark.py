@@ -184,7 +184,7 @@ def test_the_crops_alone_train_at_one_size_after_the_papers_three_seeds_and_befo
     root = layout(tmp_path)
     assert run(root).returncode == 0
     outs = [out for out, _, _ in calls(root)]
-    crops = [i for i, out in enumerate(outs) if out.startswith("runs/protocol_fashion_crops_")]
+    crops = [i for i, out in enumerate(outs) if out.startswith("runs/protocol_fashion_crops_4x_")]
     assert [outs[i] for i in crops] == [f"runs/protocol_fashion_crops_4x_{m}_s0" for m in ("ape", "rope")]
     assert outs.index("runs/protocol_fashion_papers_8x_mixed_s2") < crops[0]
     assert crops[-1] < outs.index("runs/protocol_fashion_papers_8x_ape_s3")
@@ -210,6 +210,22 @@ def test_160_epochs_then_the_originals_train_after_the_papers_five_seeds_and_bef
         assert ("--train-sizes-from" in args) == (epochs == "40")
         if epochs == "40":
             assert args[args.index("--train-sizes-from") + 1] == "originals" and "--train-sizes" not in args
+
+
+def test_the_crops_alone_at_80_epochs_and_3_seeds_train_after_the_originals_and_are_joined(tmp_path):
+    root = layout(tmp_path)
+    assert run(root).returncode == 0
+    outs = [out for out, _, _ in calls(root)]
+    parts = [f"protocol_fashion_crops_8x_{m}_s{seed}" for seed in (0, 1, 2) for m in ("ape", "rope")]
+    at = [outs.index(f"runs/{part}") for part in parts]
+    assert outs.index("runs/protocol_fashion_originals_4x_rope_s0") < at[0] and at == sorted(at)
+    assert at[-1] < outs.index("runs/protocol_fashion_s0-1")
+    for i, part in zip(at, parts, strict=True):  # the papers' 80-epoch runs of that seed, every batch at 14 px
+        args = calls(root)[i][2].split()
+        assert args[args.index("--config") + 1] == "configs/protocol_fashion_papers.yaml"
+        assert args[args.index("--epochs") + 1] == "80" and args[args.index("--seeds") + 1] == part[-1]
+        assert args[args.index("--train-sizes") + 1].startswith("--")
+    assert (root / "docs/runs/protocol_fashion_crops_8x").is_dir()
 
 
 def test_jobs_must_be_a_whole_number(tmp_path):
