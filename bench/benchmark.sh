@@ -41,10 +41,12 @@
 #   (~1.8 h a part): does multi-size training make APE's lead at 4x?
 #   then seeds 3-4 of the three: the recipe best at 2x and 4x gives README's headline, whose models the benchmark
 #   trains at 5 seeds (the plain recipe's are)                           -> docs/runs/protocol_fashion_papers_8x
-#   Fashion-MNIST, the papers' recipe at 160 epochs, APE and axial RoPE, seed 0: the 80-epoch runs' convergence check
-#   (~4.4 h a part; more than a sitting)
 #   Fashion-MNIST, the papers' recipe with each batch drawn from the originals at its size, APE and axial RoPE, 40
 #   epochs, seed 0 (~1.8 h a part): with real detail in its 18-px batches, does a model gain above its training size?
+#   Fashion-MNIST, the papers' recipe at 160 epochs, APE and axial RoPE, seed 0: the 80-epoch runs' convergence check
+#   (~4.4 h a part; more than a sitting)
+#   Fashion-MNIST, the crops alone at 80 epochs, APE and axial RoPE, seeds 0-2 (~2.2 h a part alone) -> docs/runs/
+#   protocol_fashion_crops_8x
 #   Then the records of runs measured before the parts (docs/results.md's tables hold their figures; ~7 h):
 #   Fashion-MNIST, the headline's six models, 5 seeds (~9 min a run): seeds 0-1, 2-3, 4 -> docs/runs/protocol_fashion
 #   Fashion-MNIST, the papers' recipe, 3 seeds (~11 min a run)
@@ -249,11 +251,6 @@ crops_part 40 ape vit_ape_tiny 0
 crops_part 40 rope vit_rope_tiny 0
 papers_8x 3 4
 join protocol_fashion_papers_8x protocol_fashion_papers_8x_{ape,rope,mixed}_s{0,1,2,3,4}
-# the 80-epoch runs' own convergence check, before the originals (README's headline comes from this recipe: is it
-# trained to capacity?): 160 epochs (~4.4 h a part alone; one outlasts a sitting, and resumes on the same machine or
-# from PARKED)
-papers_part 160 ape vit_ape_tiny 0
-papers_part 160 rope vit_rope_tiny 0
 # originals_part EPOCHS NAME MODEL SEED: the papers' recipe with each batch's images drawn from their originals at the
 # batch's size, not its 14-px crops resized (an 18-px batch then holds 18 px of detail, as a large batch cropped from
 # ImageNet's larger originals does): does a gain above the training size appear? Paired with the papers' 40-epoch runs
@@ -261,6 +258,12 @@ papers_part 160 rope vit_rope_tiny 0
 originals_part() { recipe_part originals "$@" --train-sizes-from originals; }
 originals_part 40 ape vit_ape_tiny 0
 originals_part 40 rope vit_rope_tiny 0
+# the 80-epoch runs' own convergence check (README's headline comes from this recipe: is it trained to capacity?):
+# 160 epochs, ~4.4 h a part alone, ~5.8 h two at once: more than a sitting, so it resumes only on the same machine or
+# from PARKED. After the originals, which a sitting holds (~1.5 h for both at once): a machine that does not outlive
+# its sitting, as on 2026-12-02 (its 160-epoch parts gone with it, unfinished), then still records a step
+papers_part 160 ape vit_ape_tiny 0
+papers_part 160 rope vit_rope_tiny 0
 # the crops alone at 80 epochs, seeds 0-2, paired with the papers' 80-epoch runs of the same seeds: is APE's lead at
 # 4x (+4.5 over axial RoPE under YaRN, 5 seeds) the multi-size batches' at more seeds than seed 0's 40 epochs, and
 # under every mode (there: 1.50 behind axial RoPE under normalized, 3.60 ahead under YaRN)? ~2.9 h a part, two at once
