@@ -260,8 +260,9 @@ originals_part 40 ape vit_ape_tiny 0
 originals_part 40 rope vit_rope_tiny 0
 # the 80-epoch runs' own convergence check (README's headline comes from this recipe: is it trained to capacity?):
 # 160 epochs, ~4.4 h a part alone, ~5.8 h two at once: more than a sitting, so it resumes only on the same machine or
-# from PARKED. After the originals, which a sitting holds (~1.5 h for both at once): a machine that does not outlive
-# its sitting, as on 2026-12-02 (its 160-epoch parts gone with it, unfinished), then still records a step
+# from PARKED. After the originals, whose parts a sitting holds one at a time (~1.8 h a part alone on the slower
+# machine of 2026-12-02): a machine that does not outlive its sitting, as on 2026-12-02 (its 160-epoch parts gone
+# with it, unfinished), then still records a part (JOBS=1: two at once may finish neither in a sitting)
 papers_part 160 ape vit_ape_tiny 0
 papers_part 160 rope vit_rope_tiny 0
 # the crops alone at 80 epochs, seeds 0-2, paired with the papers' 80-epoch runs of the same seeds: is APE's lead at
