@@ -198,7 +198,7 @@ def test_the_originals_then_160_epochs_train_after_the_papers_five_seeds_and_bef
     root = layout(tmp_path)
     assert run(root).returncode == 0
     outs = [out for out, _, _ in calls(root)]
-    # (the originals first: a sitting holds them, not a 160-epoch part, and a machine may not outlive its sitting)
+    # (the originals first: a sitting holds one of their parts, not a 160-epoch one; a machine may not outlive it)
     after = [f"runs/protocol_fashion_{step}_{m}_s0" for step in ("originals_4x", "papers_16x") for m in ("ape", "rope")]
     at = [outs.index(out) for out in after]
     assert outs.index("runs/protocol_fashion_papers_8x_mixed_s4") < at[0] and at == sorted(at)
