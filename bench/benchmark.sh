@@ -41,8 +41,9 @@
 #   (~1.8 h a part): does multi-size training make APE's lead at 4x?
 #   then seeds 3-4 of the three: the recipe best at 2x and 4x gives README's headline, whose models the benchmark
 #   trains at 5 seeds (the plain recipe's are)                           -> docs/runs/protocol_fashion_papers_8x
-#   Fashion-MNIST, the papers' recipe with each batch drawn from the originals at its size, APE and axial RoPE, 40
-#   epochs, seed 0 (~1.8 h a part): with real detail in its 18-px batches, does a model gain above its training size?
+#   Fashion-MNIST, the papers' recipe with each batch drawn from the originals at its size, APE, axial RoPE and
+#   RoPE-Mixed, 40 epochs, seed 0 (~1.8 h a part): with real detail in its 18-px batches, does a model gain above its
+#   training size?                                                      -> docs/runs/protocol_fashion_originals_4x
 #   Fashion-MNIST, the papers' recipe at 160 epochs, APE and axial RoPE, seed 0: the 80-epoch runs' convergence check
 #   (~4.4 h a part; more than a sitting)
 #   Fashion-MNIST, the crops alone at 80 epochs, APE and axial RoPE, seeds 0-2 (~2.2 h a part alone) -> docs/runs/
@@ -258,6 +259,8 @@ join protocol_fashion_papers_8x protocol_fashion_papers_8x_{ape,rope,mixed}_s{0,
 originals_part() { recipe_part originals "$@" --train-sizes-from originals; }
 originals_part 40 ape vit_ape_tiny 0
 originals_part 40 rope vit_rope_tiny 0
+originals_part 40 mixed vit_rope_mixed_tiny 0  # RoPE-Mixed's paper: its gain at 1.4-2x, from ImageNet's originals
+join protocol_fashion_originals_4x protocol_fashion_originals_4x_{ape,rope,mixed}_s0
 # the 80-epoch runs' own convergence check (README's headline comes from this recipe: is it trained to capacity?):
 # 160 epochs, ~4.4 h a part alone, ~5.8 h two at once: more than a sitting, so it resumes only on the same machine or
 # from PARKED. After the originals, whose parts a sitting holds one at a time (~1.8 h a part alone on the slower

@@ -199,11 +199,15 @@ def test_the_originals_then_160_epochs_train_after_the_papers_five_seeds_and_bef
     assert run(root).returncode == 0
     outs = [out for out, _, _ in calls(root)]
     # (the originals first: a sitting holds one of their parts, not a 160-epoch one; a machine may not outlive it)
-    after = [f"runs/protocol_fashion_{step}_{m}_s0" for step in ("originals_4x", "papers_16x") for m in ("ape", "rope")]
+    after = [f"runs/protocol_fashion_originals_4x_{m}_s0" for m in ("ape", "rope", "mixed")]
+    after += [f"runs/protocol_fashion_papers_16x_{m}_s0" for m in ("ape", "rope")]
     at = [outs.index(out) for out in after]
     assert outs.index("runs/protocol_fashion_papers_8x_mixed_s4") < at[0] and at == sorted(at)
     assert at[-1] < outs.index("runs/protocol_fashion_s0-1")
-    for i, epochs in zip(at, ("40", "40", "160", "160"), strict=True):
+    mixed = calls(root)[at[2]][2].split()
+    assert mixed[mixed.index("--models") + 1] == "vit_rope_mixed_tiny"
+    assert (root / "docs/runs/protocol_fashion_originals_4x").is_dir()  # the three joined
+    for i, epochs in zip(at, ("40", "40", "40", "160", "160"), strict=True):
         args = calls(root)[i][2].split()
         assert args[args.index("--config") + 1] == "configs/protocol_fashion_papers.yaml"
         assert args[args.index("--epochs") + 1] == epochs and args[args.index("--seeds") + 1] == "0"
