@@ -46,6 +46,8 @@
 #   training size?                                                      -> docs/runs/protocol_fashion_originals_4x
 #   Fashion-MNIST, the papers' recipe at 160 epochs, APE and axial RoPE, seed 0: the 80-epoch runs' convergence check
 #   (~4.4 h a part; more than a sitting)
+#   Fashion-MNIST, the originals at 80 epochs, APE, axial RoPE and RoPE-Mixed, seeds 0-2 (~2.3-3.8 h a part alone):
+#   does the gain above the training size hold at three seeds?          -> docs/runs/protocol_fashion_originals_8x
 #   Fashion-MNIST, the crops alone at 80 epochs, APE and axial RoPE, seeds 0-2 (~2.2 h a part alone) -> docs/runs/
 #   protocol_fashion_crops_8x
 #   Then the records of runs measured before the parts (docs/results.md's tables hold their figures; ~7 h):
@@ -268,6 +270,15 @@ join protocol_fashion_originals_4x protocol_fashion_originals_4x_{ape,rope,mixed
 # with it, unfinished), then still records a part (JOBS=1: two at once may finish neither in a sitting)
 papers_part 160 ape vit_ape_tiny 0
 papers_part 160 rope vit_rope_tiny 0
+# the originals at 80 epochs, seeds 0-2, paired with the papers' 80-epoch runs of the same seeds: trained twice as
+# long, at three seeds, does every model still gain above its training size (seed 0 at 40 epochs: at 1.14-1.43x), and
+# is APE's lead at 4x still gone? ~2.3-3.8 h a part alone on the machine of 2026-12-02
+for seed in 0 1 2; do
+    originals_part 80 ape vit_ape_tiny "$seed"
+    originals_part 80 rope vit_rope_tiny "$seed"
+    originals_part 80 mixed vit_rope_mixed_tiny "$seed"
+done
+join protocol_fashion_originals_8x protocol_fashion_originals_8x_{ape,rope,mixed}_s{0,1,2}
 # the crops alone at 80 epochs, seeds 0-2, paired with the papers' 80-epoch runs of the same seeds: is APE's lead at
 # 4x (+4.5 over axial RoPE under YaRN, 5 seeds) the multi-size batches' at more seeds than seed 0's 40 epochs, and
 # under every mode (there: 1.50 behind axial RoPE under normalized, 3.60 ahead under YaRN)? ~2.9 h a part, two at once

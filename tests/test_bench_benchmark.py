@@ -217,13 +217,31 @@ def test_the_originals_then_160_epochs_train_after_the_papers_five_seeds_and_bef
             assert args[args.index("--train-sizes-from") + 1] == "originals" and "--train-sizes" not in args
 
 
-def test_the_crops_alone_at_80_epochs_and_3_seeds_train_after_160_epochs_and_are_joined(tmp_path):
+def test_the_originals_at_80_epochs_and_3_seeds_train_after_160_epochs_and_are_joined(tmp_path):
+    root = layout(tmp_path)
+    assert run(root).returncode == 0
+    outs = [out for out, _, _ in calls(root)]
+    models = {"ape": "vit_ape_tiny", "rope": "vit_rope_tiny", "mixed": "vit_rope_mixed_tiny"}
+    parts = [(f"protocol_fashion_originals_8x_{m}_s{seed}", m, seed) for seed in (0, 1, 2) for m in models]
+    at = [outs.index(f"runs/{part}") for part, _, _ in parts]
+    assert outs.index("runs/protocol_fashion_papers_16x_rope_s0") < at[0] and at == sorted(at)
+    assert at[-1] < outs.index("runs/protocol_fashion_crops_8x_ape_s0")
+    for i, (_, m, seed) in zip(at, parts, strict=True):  # the papers' 80-epoch runs of that seed, from the originals
+        args = calls(root)[i][2].split()
+        assert args[args.index("--config") + 1] == "configs/protocol_fashion_papers.yaml"
+        assert args[args.index("--epochs") + 1] == "80" and args[args.index("--seeds") + 1] == str(seed)
+        assert args[args.index("--models") + 1] == models[m]
+        assert args[args.index("--train-sizes-from") + 1] == "originals" and "--train-sizes" not in args
+    assert (root / "docs/runs/protocol_fashion_originals_8x").is_dir()
+
+
+def test_the_crops_alone_at_80_epochs_and_3_seeds_train_after_the_originals_and_are_joined(tmp_path):
     root = layout(tmp_path)
     assert run(root).returncode == 0
     outs = [out for out, _, _ in calls(root)]
     parts = [f"protocol_fashion_crops_8x_{m}_s{seed}" for seed in (0, 1, 2) for m in ("ape", "rope")]
     at = [outs.index(f"runs/{part}") for part in parts]
-    assert outs.index("runs/protocol_fashion_papers_16x_rope_s0") < at[0] and at == sorted(at)
+    assert outs.index("runs/protocol_fashion_originals_8x_mixed_s2") < at[0] and at == sorted(at)
     assert at[-1] < outs.index("runs/protocol_fashion_s0-1")
     for i, part in zip(at, parts, strict=True):  # the papers' 80-epoch runs of that seed, every batch at 14 px
         args = calls(root)[i][2].split()
