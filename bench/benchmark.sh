@@ -5,6 +5,7 @@
 #     THREADS=1 bash bench/benchmark.sh    # leave a core free (default: every core, shared out among JOBS)
 #     JOBS=2 bash bench/benchmark.sh       # two parts at once, a thread each on 2 cores; Ctrl-C stops both
 #     PARKED=DIR bash bench/benchmark.sh park  # before the machine goes: unfinished parts' resume state to DIR
+#     ONLY='protocol_fashion_originals_8x_*_s0' bash bench/benchmark.sh  # only the parts these globs name, in order
 #
 # A part is one train.py run folder, runs/<part>. When it finishes, its record (config.yaml, log.csv, results.csv,
 # results.md; not the weights) is copied to docs/runs/<part>/, which git tracks; a part recorded there is done, and
@@ -17,6 +18,8 @@
 # machine resumes from there (and deletes that folder once the part is recorded). Once every part of a step is
 # recorded, bench/merge.py joins them into docs/runs/<step>/ (results.csv, results.md and the figures), where
 # docs/results.md's tables come from.
+# ONLY (globs, space-separated) trains the parts it names and skips the rest: a part a sitting holds before one
+# that outlasts it, on a machine that may not outlive the sitting (steps are joined as ever, once whole).
 #
 # JOBS=N starts N workers, each taking the next part no other is training (a part is claimed with flock on
 # runs/.<part>.lock, which goes with the process that holds it, a killed one too), with cores / N threads each
@@ -80,11 +83,25 @@ if [ "$JOBS" != 1 ] && ! env --default-signal=INT true 2> /dev/null; then
     exit 1
 fi
 
+# only NAME: whether ONLY (unset: every part) names the part NAME, one of its globs matching it
+read -ra only_globs <<< "${ONLY:-}"  # (split on spaces, never expanded against the files here)
+named=0  # the parts ONLY named
+only() {
+    local glob
+    [ ${#only_globs[@]} = 0 ] && return 0
+    for glob in "${only_globs[@]}"; do
+        # shellcheck disable=SC2053  # (a glob, matched as one)
+        [[ $1 == $glob ]] && named=$((named + 1)) && return 0
+    done
+    return 1
+}
+
 # part NAME ARGS...: train.py ARGS into runs/NAME (resuming the run there if there is one), its record then copied
 # to docs/runs/NAME; nothing where that record is already there.
 part() {
     local name=$1
     shift
+    only "$name" || return 0
     if [ -f "docs/runs/$name/results.csv" ]; then
         echo "=== $name: recorded in docs/runs/$name (delete that folder to train it again)"
         return
@@ -296,4 +313,8 @@ part protocol_fashion_papers "${papers[@]}"
 
 [ $ELPV = 1 ] && part protocol_elpv_2x "${elpv[@]}" --models vit_ape_tiny vit_rope_tiny --seeds 0 --epochs 160 \
     --eval-sizes 144 --finetune-sizes
+if [ ${#only_globs[@]} != 0 ] && [ $named = 0 ]; then
+    echo "error: ONLY=$ONLY names no part; a part's name is its run folder's, as runs/<part> and docs/runs/<part>" >&2
+    exit 1
+fi
 echo "=== $(date -u +%H:%M:%S) done"

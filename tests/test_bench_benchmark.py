@@ -251,6 +251,29 @@ def test_the_crops_alone_at_80_epochs_and_3_seeds_train_after_the_originals_and_
     assert (root / "docs/runs/protocol_fashion_crops_8x").is_dir()
 
 
+def test_only_trains_the_parts_its_globs_name_in_order_and_joins_a_whole_step(tmp_path):
+    root = layout(tmp_path)
+    (root / "protocol_fashion_2x").touch()  # a file here that a glob would match: never expanded against it
+    step = "protocol_fashion_originals_4x_*_s0"
+    named = run(root, ONLY=f"{step} protocol_fashion_2x")
+    assert named.returncode == 0, named.stderr
+    assert [out for out, _, _ in calls(root)] == [
+        f"runs/protocol_fashion_{p}"
+        for p in ("2x", "originals_4x_ape_s0", "originals_4x_rope_s0", "originals_4x_mixed_s0")
+    ]
+    assert (root / "docs/runs/protocol_fashion_originals_4x").is_dir()  # every part recorded: joined
+    again = run(root, ONLY="protocol_fashion_2x")  # named, and recorded: nothing to train, and no error
+    assert again.returncode == 0 and "protocol_fashion_2x: recorded" in again.stdout and len(calls(root)) == 4
+
+
+def test_only_naming_no_part_is_one_error(tmp_path):
+    root = layout(tmp_path)
+    for only in ("protocol_fashion_2X", "*16x"):
+        refused = run(root, ONLY=only)
+        assert refused.returncode == 1 and f"ONLY={only} names no part" in refused.stderr
+    assert not (root / "calls.log").exists()
+
+
 def test_jobs_must_be_a_whole_number(tmp_path):
     root = layout(tmp_path)
     for jobs in ("0", "two", "-1", "1.5"):

@@ -4,6 +4,7 @@ it would be counted twice is refused, and every value is checked before anything
 
 import string
 import sys
+from dataclasses import replace
 
 import pytest
 import yaml
@@ -147,3 +148,19 @@ def test_a_recipes_none_model_kwarg_is_refused():
 
     with pytest.raises(SystemExit, match=r"^error: recipe 'a': --model-kwargs init_values=null: timm's create_model"):
         Settings(recipes={"a": {"model_kwargs": {"init_values": None}}})
+
+
+@pytest.mark.parametrize("argv", [["--seeds", "3", "4"], ["--seed", "3"], [], ["--overwrite"], ["--resume"]])
+def test_a_runs_saved_config_is_a_config_file_that_gives_its_settings_back(argv, tmp_path):
+    """A run's config.yaml holds the one of seed and seeds that has effect, so ``--config`` takes it back; one that
+    train.py wrote with both (the default seed beside seeds, or empty seeds beside the seed) is read the same way. It
+    holds no --resume or --overwrite: those stay the command line's."""
+    settings, _ = train.parse_config([*argv, "--epochs", "2", "--output", str(tmp_path / "run")])
+    saved = tmp_path / "config.yaml"
+    saved.write_text(settings.to_yaml())
+    assert not {"resume", "overwrite"} & set(yaml.safe_load(saved.read_text()))
+    recipe = replace(settings, resume=False, overwrite=False)
+    assert train.parse_config(["--config", str(saved)])[0] == recipe
+    both = {**yaml.safe_load(saved.read_text()), "seed": settings.seed, "seeds": list(settings.seeds)}
+    saved.write_text(yaml.safe_dump(both))  # as written before
+    assert train.parse_config(["--config", str(saved)])[0] == recipe

@@ -282,7 +282,13 @@ class Settings:
         return (*(repr(getattr(self, f.name)) for f in fields(self) if f.metadata["data"]), seed)
 
     def to_yaml(self) -> str:
+        """The settings as a config file: a run's config.yaml, which ``--config`` takes back. It holds the one of
+        ``seed`` and ``seeds`` that has effect (a file may not give both), and neither ``resume`` nor ``overwrite``:
+        what to do with a folder is the command line's to say, so ``--config runs/x/config.yaml`` never deletes nor
+        continues runs/x unasked."""
         plain = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+        for k in ("seed" if self.seeds else "seeds", "resume", "overwrite"):
+            del plain[k]
         return yaml.safe_dump(plain, sort_keys=False)
 
 
@@ -502,6 +508,10 @@ def parse(argv: list[str] | None, default_config: str | Path, description: str) 
     unknown = sorted(map(str, set(loaded) - set(NAMES)))
     if unknown:
         raise SystemExit(f"error: unknown config key(s) {short(unknown)} in {path}; valid keys: {sorted(NAMES)}")
+    if {"seed", "seeds"} <= set(loaded) and (not loaded["seeds"] or loaded["seed"] == DEFAULTS["seed"]):
+        # a run's config.yaml written before to_yaml kept one of them: drop the one without effect (empty seeds,
+        # or the default seed beside seeds); a file that gives both otherwise is refused below
+        loaded.pop("seeds" if not loaded["seeds"] else "seed")
     flags = vars(argument_parser(description, {**DEFAULTS, **loaded}, path).parse_args(argv))
     flags.pop("config")
     for k in DICTS:  # flags add to the file's mapping
