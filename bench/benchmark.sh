@@ -84,7 +84,7 @@ if [ "$JOBS" != 1 ] && ! env --default-signal=INT true 2> /dev/null; then
 fi
 
 # only NAME: whether ONLY (unset: every part) names the part NAME, one of its globs matching it
-read -ra only_globs <<< "${ONLY:-}"  # (split on spaces, never expanded against the files here)
+read -rd "" -a only_globs <<< "${ONLY:-}" || true  # (split on blanks and newlines, never expanded as globs here)
 named=0  # the parts ONLY named
 only() {
     local glob
