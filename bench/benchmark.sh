@@ -19,7 +19,8 @@
 # recorded, bench/merge.py joins them into docs/runs/<step>/ (results.csv, results.md and the figures), where
 # docs/results.md's tables come from.
 # ONLY (globs, space-separated) trains the parts it names and skips the rest: a part a sitting holds before one
-# that outlasts it, on a machine that may not outlive the sitting (steps are joined as ever, once whole).
+# that outlasts it, on a machine that may not outlive the sitting (steps are joined as ever, once whole); with park,
+# it parks only those.
 #
 # JOBS=N starts N workers, each taking the next part no other is training (a part is claimed with flock on
 # runs/.<part>.lock, which goes with the process that holds it, a killed one too), with cores / N threads each
@@ -161,7 +162,7 @@ park() {
     esac
     for run in runs/protocol_*/; do
         name=$(basename "$run")
-        [ -f "$run/config.yaml" ] && [ ! -f "docs/runs/$name/results.csv" ] || continue
+        [ -f "$run/config.yaml" ] && [ ! -f "docs/runs/$name/results.csv" ] && only "$name" || continue
         rm -rf "${PARKED:?}/$name"
         for tag in "$run"*/; do
             [ -f "$tag/checkpoint.pt" ] || continue
@@ -175,6 +176,10 @@ park() {
         cp "$run"/{config.yaml,log.csv} "$PARKED/$name/"
         echo "=== $name parked in $PARKED/$name: PARKED=$PARKED bash bench/benchmark.sh resumes it on any machine"
     done
+    if [ ${#only_globs[@]} != 0 ] && [ $named = 0 ]; then
+        echo "error: ONLY=$ONLY names no started, unrecorded part in runs/: nothing parked" >&2
+        exit 1
+    fi
 }
 if [ "${1:-}" = park ]; then
     park

@@ -101,6 +101,9 @@ def test_park_then_resume_on_another_machine(tmp_path):
     assert "needs PARKED" in run(here, "park").stderr
     inside = run(here, "park", parked=here / "docs/parked")
     assert inside.returncode == 1 and "inside the repository" in inside.stderr
+    none = run(here, "park", parked=tmp_path / "nowhere", ONLY="protocol_elpv_s0-2")  # recorded: not parked
+    assert none.returncode == 1 and "names no started, unrecorded part" in none.stderr
+    assert not (tmp_path / "nowhere/protocol_elpv_s0-2").exists()
     parked = run(here, "park", parked=shelf)
     assert parked.returncode == 0, parked.stderr
     assert not (here / "calls.log").exists()  # park trains nothing
@@ -117,6 +120,21 @@ def test_park_then_resume_on_another_machine(tmp_path):
     assert had == "state after epoch 40" and "--resume" in args  # resumed from the parked checkpoint
     assert not unfinished.exists()  # recorded: removed
     assert (there / "docs/runs/protocol_fashion_papers_8x_ape_s2/results.csv").exists()
+
+
+def test_park_with_only_parks_the_parts_it_names(tmp_path):
+    root = layout(tmp_path)
+    for name, epoch in (("protocol_fashion_papers_16x_ape_s0", 36), ("protocol_fashion_originals_8x_rope_s0", 6)):
+        run_dir = root / "runs" / name
+        (run_dir / "m@seed0").mkdir(parents=True)
+        (run_dir / "m@seed0/checkpoint.pt").write_text(f"state after epoch {epoch}")
+        (run_dir / "config.yaml").write_text("settings")
+        (run_dir / "log.csv").write_text(f"{epoch} rows")
+    shelf = tmp_path / "shelf"
+    parked = run(root, "park", parked=shelf, ONLY="protocol_fashion_papers_16x_*")
+    assert parked.returncode == 0, parked.stderr
+    assert sorted(p.name for p in shelf.iterdir()) == ["protocol_fashion_papers_16x_ape_s0"]
+    assert (shelf / "protocol_fashion_papers_16x_ape_s0/m@seed0/checkpoint.pt").read_text() == "state after epoch 36"
 
 
 def test_a_parked_part_with_a_link_is_refused(tmp_path):
