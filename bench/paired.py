@@ -51,8 +51,30 @@ def results_rows(folder: Path) -> list[dict]:
 
 
 def compare(a: Path, b: Path) -> str:
-    """The markdown table of B - A (see the module's docstring)."""
-    return table(read_rows(a, "A") + read_rows(b, "B"), f"B = {b}, A = {a}")
+    """The markdown table of B - A (see the module's docstring). Folders that pair no row (other models, or the
+    same models at other seeds) are one error naming what each holds, not an empty table."""
+    rows_a, rows_b = read_rows(a, "A"), read_rows(b, "B")
+    paired_keys = {pair_key(r) for r in rows_a} & {pair_key(r) for r in rows_b}
+    if not paired_keys:
+        raise SystemExit(f"error: {a} and {b} share no model at the same seed, protocol, scaling mode and size to "
+                         f"pair (A: {holdings(rows_a)}; B: {holdings(rows_b)}): give run folders of the same models "
+                         "and seeds, as the pairing is seed by seed")  # fmt: skip
+    return table(rows_a + rows_b, f"B = {b}, A = {a}")
+
+
+def pair_key(row: dict) -> tuple:
+    """What a row of A and one of B must share to pair: model (relabelled as recipe), seed, protocol, mode, size."""
+    return row["recipe"], int(row["seed"]), row["protocol"], row["rope_scaling"], int(row["eval_size"])
+
+
+def holdings(rows: list[dict]) -> str:
+    """Each model of ``rows`` with its seeds, then the sizes, for an error: ``vit_x seeds 0, 1; at 14, 28 px``."""
+    seeds = {}
+    for r in rows:
+        seeds.setdefault(r["recipe"], set()).add(int(r["seed"]))
+    sizes = ", ".join(map(str, sorted({int(r["eval_size"]) for r in rows})))
+    models = "; ".join(f"{m} seeds {', '.join(map(str, sorted(s)))}" for m, s in sorted(seeds.items()))
+    return f"{models}; at {sizes} px"
 
 
 def against_training_size(folder: Path) -> str:
@@ -68,6 +90,9 @@ def against_training_size(folder: Path) -> str:
     # A: the training size's row, once for every size, so that each size's row pairs with it
     a = [r | {"model": "A", "eval_size": str(s)} for r in at_training_size for s in sizes]
     b = [r for r in rows if int(r["eval_size"]) != int(r["train_size"])]
+    if not b:
+        raise SystemExit(f"error: {folder} holds protocol 'resize' at its training size only: rerun it with --resume "
+                         "and other sizes among --eval-sizes")  # fmt: skip
     return table(a + b, f"B = {folder} at each size, A = the same at its training size")
 
 

@@ -50,6 +50,17 @@ def test_a_folder_without_results_is_one_error(tmp_path):
         paired.compare(tmp_path / "empty", tmp_path / "empty")
 
 
+def test_folders_that_pair_nothing_are_one_error_naming_what_each_holds(tmp_path):
+    a = write(tmp_path / "a", {("vit_ape_tiny", 0, 28, "-"): 80.0})
+    b = write(tmp_path / "b", {("vit_ape_tiny", 1, 28, "-"): 81.0, ("vit_ape_tiny", 2, 28, "-"): 82.0})
+    holds = r"A: vit_ape_tiny seeds 0; at 28 px; B: vit_ape_tiny seeds 1, 2; at 28 px"
+    with pytest.raises(SystemExit, match=r"share no model.*" + holds):
+        paired.compare(a, b)
+    c = write(tmp_path / "c", {("vit_rope_tiny", 0, 28, "none"): 80.0})  # another model at the same seed
+    with pytest.raises(SystemExit, match="share no model"):
+        paired.compare(a, c)
+
+
 def test_a_folder_that_is_no_run_is_one_error(tmp_path):
     with pytest.raises(SystemExit, match="holds no results.csv"):
         paired.compare(tmp_path, tmp_path)
@@ -83,6 +94,11 @@ def test_one_folder_pairs_each_size_with_the_training_size(tmp_path):
 def test_one_folder_without_its_training_size_is_one_error(tmp_path):
     with pytest.raises(SystemExit, match="no row of protocol 'resize' at its training size"):
         paired.against_training_size(write(tmp_path / "a", {("vit_rope_tiny", 0, 28, "pi"): 60.0}))
+
+
+def test_one_folder_of_its_training_size_only_is_one_error(tmp_path):
+    with pytest.raises(SystemExit, match="at its training size only"):
+        paired.against_training_size(write(tmp_path / "a", {("vit_rope_tiny", 0, 14, "pi"): 60.0}))
 
 
 def test_a_forged_row_is_one_error(tmp_path):
